@@ -1,0 +1,11 @@
+// The CPU FFI handler symbols, registered by module.cc.
+#pragma once
+
+#include "xla/ffi/api/ffi.h"
+
+namespace te_async {
+
+XLA_FFI_DECLARE_HANDLER_SYMBOL(kCopyGroupSizesCpu);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(kGroupedGemmCpu);
+
+}  // namespace te_async

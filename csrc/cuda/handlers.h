@@ -1,0 +1,11 @@
+// The CUDA FFI handler symbols, registered by module.cc.
+#pragma once
+
+#include "xla/ffi/api/ffi.h"
+
+namespace te_async {
+
+XLA_FFI_DECLARE_HANDLER_SYMBOL(kCopyGroupSizesCuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(kGroupedGemmCuda);
+
+}  // namespace te_async

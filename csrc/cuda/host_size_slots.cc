@@ -1,0 +1,117 @@
+#include "cuda/host_size_slots.h"
+
+#include <cstring>
+#include <string>
+
+#include "cuda/cuda_check.h"
+#include "cuda/debug_flags.h"
+#include "cuda/per_device.h"
+#include "grouped_gemm_args.h"
+
+namespace te_async {
+namespace {
+
+namespace ffi = xla::ffi;
+
+PerDevice<HostSizeSlots>& Registry() {
+  static auto* registry = new PerDevice<HostSizeSlots>();  // leaked: outlives static teardown
+  return *registry;
+}
+
+}  // namespace
+
+ffi::ErrorOr<HostSizeSlots*> HostSizeSlots::ForDevice(int device) { return Registry().Get(device); }
+
+void HostSizeSlots::ReleaseAll() { Registry().ReleaseAll(); }
+
+HostSizeStats HostSizeSlots::Stats(int device) {
+  HostSizeSlots* slots = Registry().Find(device);
+  if (!slots) return {};
+  std::lock_guard<std::mutex> lock(slots->mu_);
+  return slots->stats_;
+}
+
+ffi::Error HostSizeSlots::Init() {
+  slots_.resize(kSlots);
+  for (Slot& s : slots_) {
+    TE_ASYNC_CUDA(cudaMallocHost(reinterpret_cast<void**>(&s.pinned), kMaxGroups * sizeof(int32_t)));
+    TE_ASYNC_CUDA(cudaEventCreateWithFlags(&s.ready, cudaEventDisableTiming));
+  }
+  return ffi::Error::Success();
+}
+
+void HostSizeSlots::Release() {
+  for (Slot& s : slots_) {
+    if (s.ready) cudaEventDestroy(s.ready);
+    if (s.pinned) cudaFreeHost(s.pinned);
+  }
+  slots_.clear();
+  filed_.clear();
+}
+
+ffi::Error HostSizeSlots::Issue(const int32_t* device_sizes, const void* handle, int64_t groups,
+                                cudaStream_t stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const int index = static_cast<int>(issued_ % kSlots);
+  Slot& slot = slots_[index];
+  auto old = filed_.find(slot.handle);
+  if (old != filed_.end() && old->second.slot == index) filed_.erase(old);
+  TE_ASYNC_CUDA(cudaMemcpyAsync(slot.pinned, device_sizes, groups * sizeof(int32_t),
+                                cudaMemcpyDeviceToHost, stream));
+  TE_ASYNC_CUDA(cudaEventRecord(slot.ready, stream));
+  slot.generation = ++issued_;
+  slot.groups = groups;
+  slot.handle = handle;
+  filed_[handle] = Filed{index, slot.generation};
+  ++stats_.copies;
+  return ffi::Error::Success();
+}
+
+bool HostSizeSlots::TryPinned(const void* handle, int64_t groups, int32_t* out) {
+  Filed filed;
+  cudaEvent_t ready;
+  const int32_t* pinned;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = filed_.find(handle);
+    if (it == filed_.end()) return false;
+    filed = it->second;
+    const Slot& slot = slots_[filed.slot];
+    if (slot.generation != filed.generation || slot.groups != groups) return false;
+    ready = slot.ready;
+    pinned = slot.pinned;
+  }
+  if (cudaEventSynchronize(ready) != cudaSuccess) return false;
+  std::memcpy(out, pinned, groups * sizeof(int32_t));
+  std::lock_guard<std::mutex> lock(mu_);
+  // A copy issued meanwhile (another host thread) may have reused the slot.
+  if (slots_[filed.slot].generation != filed.generation) return false;
+  ++stats_.event_waits;
+  return true;
+}
+
+ffi::Error HostSizeSlots::ReadSync(const int32_t* handle, int64_t groups, cudaStream_t stream,
+                                   int32_t* out) {
+  TE_ASYNC_CUDA(cudaMemcpyAsync(out, handle, groups * sizeof(int32_t), cudaMemcpyDeviceToHost, stream));
+  TE_ASYNC_CUDA(cudaStreamSynchronize(stream));
+  return ffi::Error::Success();
+}
+
+ffi::Error HostSizeSlots::Read(const int32_t* handle, int64_t groups, cudaStream_t stream, bool async,
+                               int32_t* out) {
+  if (async && TryPinned(handle, groups, out)) {
+    if (!VerifyHostSizes()) return ffi::Error::Success();
+    std::vector<int32_t> check(groups);
+    TE_ASYNC_RETURN_IF_ERROR(ReadSync(handle, groups, stream, check.data()));
+    if (std::memcmp(check.data(), out, groups * sizeof(int32_t)) != 0) {
+      return ffi::Error::Internal("te_async: pinned group sizes differ from the device snapshot");
+    }
+    return ffi::Error::Success();
+  }
+  TE_ASYNC_RETURN_IF_ERROR(ReadSync(handle, groups, stream, out));
+  std::lock_guard<std::mutex> lock(mu_);
+  ++(async ? stats_.fallback_reads : stats_.sync_reads);
+  return ffi::Error::Success();
+}
+
+}  // namespace te_async

@@ -1,0 +1,21 @@
+"""te_async: grouped GEMMs and a GroupedLayerNormMLP for JAX MoE layers, without the
+group-sizes host-sync bubble.
+
+Path of a call: mlp.py (grouped_mlp) -> gemm.py (grouped_gemm) -> csrc/.
+"""
+
+from ._ffi import MAX_GROUPS, cuda_extension_built, host_size_stats
+from .gemm import grouped_gemm
+from .group_sizes import GROUP_SIZES_MODES, HostGroupSizes, copy_group_sizes
+from .mlp import grouped_mlp
+
+__all__ = [
+    "GROUP_SIZES_MODES",
+    "HostGroupSizes",
+    "MAX_GROUPS",
+    "copy_group_sizes",
+    "cuda_extension_built",
+    "grouped_gemm",
+    "grouped_mlp",
+    "host_size_stats",
+]

@@ -1,0 +1,1 @@
+"""Benchmarks and measurement tools for te_async."""

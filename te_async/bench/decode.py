@@ -1,0 +1,339 @@
+"""Decode step of an MoE transformer: step latency and GPU bubble per group-sizes mode.
+
+One decode step is L MoE layers (router, dispatch, expert MLP, combine, residual) scanned over
+stacked layer weights under one jit; attention is left out because it has no group sizes and
+would only dilute the bubble. Decode is where the group-sizes stall hurts most: each expert GEMM
+is a few rows, so the host's wait for the sizes is not hidden behind GPU work.
+
+Modes, each one entry of MODES (name -> layer(x, layer_params, model) -> moe output):
+  sync, async   moe_block with that group_sizes_mode; async issues the copy before the permutation.
+  async_late    async with early_copy=False: the copy issued by grouped_mlp, after the permutation,
+                which shows what issuing it early buys.
+  device        moe_block in device mode, when te_async has it.
+  ragged_dot    the same step with jax.lax.ragged_dot for fc1 and fc2: what plain JAX offers.
+  nohost        the same step with each sorted row's expert weights gathered and applied by an
+                einsum: equal math that never waits for the host. It reads T*k expert matrices,
+                so it matches the floor's bytes only while the T*k routed experts are distinct;
+                "nohost_reads_bytes" records what it reads.
+
+The floor is the bytes of the experts a batch actually hits (counted on the host from the
+routing, per layer, averaged over the rotated inputs) over the HBM bandwidth measured in the same
+run. Every mode's first layer is checked against sync at one batch (rel_error_vs_sync; see
+_first_layer_check for why not the whole step). Wall-clock latency is measured unprofiled; the
+bubble comes from a separate profiled run, because profiling turns XLA's command buffers off
+unless XLA_FLAGS says otherwise.
+"""
+
+import argparse
+import itertools
+import json
+import math
+import os
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .. import GROUP_SIZES_MODES, host_size_stats
+from ..mlp import activate, normalize
+from ..moe import combine, moe_block, plan_dispatch, route_top_k
+from . import timing, trace
+
+try:
+    from tqdm import tqdm as _progress
+except ImportError:  # tqdm is an optional extra
+
+    def _progress(iterable, **_):
+        return iterable
+
+
+RESULT_KEYS = (
+    "mode", "batch", "median_ms", "p10_ms", "p90_ms", "samples", "floor_ms", "ratio_to_floor",
+    "active_experts", "busy_us", "idle_us", "idle_fraction", "n_host_syncs", "n_graph_launches",
+    "n_kernels", "rel_error_vs_sync", "nohost_reads_bytes", "error",
+)
+PROFILE_KEYS = ("busy_us", "idle_us", "idle_fraction", "n_host_syncs", "n_graph_launches", "n_kernels")
+CMDBUF_FLAG = "--xla_enable_command_buffers_during_profiling=true"
+ANNOTATION = "decode_step"
+NORM, ACTIVATION, EPS = "rmsnorm", "swiglu", 1e-6  # EPS is grouped_mlp's default, which moe_block uses
+N_INPUTS = 4  # rotated hidden states, so that routing (and so the group sizes) differs call to call
+INNER = 5  # steps per timing sample, so that one sample spans a millisecond or more
+PROFILED_STEPS = 3
+
+
+class Model(NamedTuple):
+    experts: int
+    hidden: int
+    ffn: int
+    top_k: int
+    layers: int
+
+
+PRESETS = {
+    "deepseek-v2-lite": Model(64, 2048, 1408, 6, 26),
+    "mixtral-8x7b": Model(8, 4096, 14336, 2, 4),  # 2.8 GB of experts per layer: 4 layers fit the budget
+    "tiny": Model(8, 64, 96, 2, 2),  # CPU tests
+}
+
+
+def _te_moe(mode, early_copy=True):
+    def layer(x, p, model):
+        return moe_block(x, p["router"], p["w_fc1"], p["w_fc2"], top_k=model.top_k, norm_scale=p["norm_scale"],
+                         norm=NORM, activation=ACTIVATION, group_sizes_mode=mode, early_copy=early_copy)
+
+    return layer
+
+
+def _routed(expert_mlp):
+    """moe_block's routing, dispatch and combine around another expert MLP, so that only the
+    grouped GEMMs differ from the te_async modes."""
+
+    def layer(x, p, model):
+        routing = route_top_k(x, p["router"], model.top_k)
+        dispatch = plan_dispatch(routing.experts, model.experts)
+        rows = normalize(x[dispatch.token_of_row], p["norm_scale"], None, NORM, EPS)
+        return combine(expert_mlp(rows, dispatch.group_sizes, p["w_fc1"], p["w_fc2"]), dispatch, routing.weights)
+
+    return layer
+
+
+def _ragged_dot_mlp(rows, group_sizes, w_fc1, w_fc2):
+    h = jax.lax.ragged_dot(rows, w_fc1, group_sizes)
+    return jax.lax.ragged_dot(activate(h, ACTIVATION), w_fc2, group_sizes)
+
+
+def _gathered_mlp(rows, group_sizes, w_fc1, w_fc2):
+    expert = jnp.repeat(jnp.arange(w_fc1.shape[0]), group_sizes, total_repeat_length=rows.shape[0])
+    h = jnp.einsum("mh,mhf->mf", rows, jnp.take(w_fc1, expert, axis=0))
+    return jnp.einsum("mf,mfh->mh", activate(h, ACTIVATION), jnp.take(w_fc2, expert, axis=0))
+
+
+MODES = {"sync": _te_moe("sync"), "async": _te_moe("async"), "async_late": _te_moe("async", early_copy=False)}
+if "device" in GROUP_SIZES_MODES:
+    MODES["device"] = _te_moe("device")
+MODES.update(ragged_dot=_routed(_ragged_dot_mlp), nohost=_routed(_gathered_mlp))
+
+
+def make_step(layer, model, with_experts=False):
+    """The jitted decode step; with_experts also returns each layer's routing [L, T, k] for the floor."""
+
+    def body(h, p):
+        experts = route_top_k(h, p["router"], model.top_k).experts if with_experts else None
+        return h + layer(h, p, model), experts
+
+    def step(params, x):
+        h, experts = jax.lax.scan(body, x, params)
+        return (h, experts) if with_experts else h
+
+    return jax.jit(step)
+
+
+def init_params(m: Model, dtype, key):
+    """Layer weights stacked on a leading [L] axis, normal and scaled by 1/sqrt(fan-in); drawn one
+    layer at a time so that no single draw approaches 2**32 elements."""
+
+    def layer(key):
+        k1, k2, k3 = jax.random.split(key, 3)
+        normal = lambda k, shape, fan_in: jax.random.normal(k, shape, dtype) / math.sqrt(fan_in)
+        return dict(
+            router=normal(k1, (m.hidden, m.experts), m.hidden),
+            w_fc1=normal(k2, (m.experts, m.hidden, 2 * m.ffn), m.hidden),
+            w_fc2=normal(k3, (m.experts, m.ffn, m.hidden), m.ffn),
+            norm_scale=jnp.ones((m.hidden,), jnp.float32),
+        )
+
+    return jax.jit(jax.vmap(layer))(jax.random.split(key, m.layers))
+
+
+def _floor(params, model, xs, expert_bytes, hbm_bytes_per_s):
+    """Active experts per layer (the sync step's routing, averaged over the inputs) and the floor."""
+    step = make_step(MODES["sync"], model, with_experts=True)
+    experts = [np.asarray(step(params, x)[1]) for x in xs]
+    active = float(np.mean([len(np.unique(layer)) for e in experts for layer in e]))
+    return dict(active_experts=active, floor_ms=1e3 * active * model.layers * expert_bytes / hbm_bytes_per_s)
+
+
+def _first_layer_check(params, model, x):
+    """Inputs and sync output of the first layer alone, which every mode is checked against. Only
+    the first layer routes identical inputs: after it, bf16 rounding differences between modes
+    flip near-tied router choices, and the error of a whole step grows with depth for no fault."""
+    first = jax.tree_util.tree_map(lambda a: a[:1], params)
+    return first, x, make_step(MODES["sync"], model)(first, x)
+
+
+def _rel_error(y, ref):
+    y, ref = (np.asarray(a, np.float32) for a in (y, ref))
+    return float(np.linalg.norm(y - ref) / np.linalg.norm(ref))
+
+
+def _host_syncs() -> int:
+    stats = host_size_stats(0)
+    return stats["sync_reads"] + stats["fallback_reads"]
+
+
+def _profile(step, inputs, log_dir):
+    """Bubble figures of the median of PROFILED_STEPS steps, and that step's device window.
+
+    Host syncs per step come from te_async's own counters: the trace shows no
+    cudaStreamSynchronize (CUPTI records only cuLaunchHostFunc on the host there).
+    """
+    syncs_before = _host_syncs()
+    with jax.profiler.trace(str(log_dir), create_perfetto_trace=True):
+        for i in range(PROFILED_STEPS):
+            # Blocking inside each step keeps its kernels inside its own annotation.
+            with jax.profiler.StepTraceAnnotation(ANNOTATION, step_num=i):
+                jax.block_until_ready(step(*inputs[i % len(inputs)]))
+    syncs = (_host_syncs() - syncs_before) / PROFILED_STEPS
+    analysis = trace.analyze_trace(str(log_dir), annotation=ANNOTATION)
+    summary = analysis["summary"]
+    if summary["no_gpu_events"]:  # a CPU run: zeros here would read as "no bubble"
+        return dict.fromkeys(PROFILE_KEYS), None
+    s = analysis["steps"][summary["step"]]
+    return {**{k: summary[k] for k in PROFILE_KEYS}, "n_host_syncs": syncs}, (s["start_us"], s["end_us"])
+
+
+def _measure(mode, batch, step_inputs, ref, model, args, profile, expert_bytes):
+    """One result row; a mode that raises (out of memory, unsupported) gets an error, not a crash."""
+    row = dict.fromkeys(RESULT_KEYS) | dict(mode=mode, batch=batch)
+    row.update(floor_ms=ref.get("floor_ms"), active_experts=ref.get("active_experts"))
+    if mode == "nohost":
+        row["nohost_reads_bytes"] = batch * model.top_k * expert_bytes * model.layers
+    window = None
+    try:
+        step = make_step(MODES[mode], model)
+        if "check" in ref:
+            first, x, y_sync = ref["check"]
+            row["rel_error_vs_sync"] = _rel_error(step(first, x), y_sync)
+        row.update(timing.time_calls(step, step_inputs, reps=args.reps, inner=INNER).as_dict())
+        if row["floor_ms"]:
+            row["ratio_to_floor"] = row["median_ms"] / row["floor_ms"]
+        if profile:
+            fields, window = _profile(step, step_inputs, args.out / "traces" / f"{mode}_T{batch}")
+            row.update(fields)
+    except Exception as e:  # noqa: BLE001 -- the sweep goes on; the row says why this one failed
+        row["error"] = f"{type(e).__name__}: {e}"[:1000]
+    return row, window
+
+
+def markdown(results, modes, batches):
+    """Rows are batch sizes, columns modes; a cell is median ms (ratio to floor, GPU idle fraction)."""
+    cell = {(r["mode"], r["batch"]): r for r in results}
+
+    def fmt(r):
+        if r["median_ms"] is None:
+            return "error"
+        ratio = f"{r['ratio_to_floor']:.1f}x" if r["ratio_to_floor"] is not None else "-"
+        idle = f"{100 * r['idle_fraction']:.0f}% idle" if r["idle_fraction"] is not None else "-"
+        return f"{r['median_ms']:.3f} ({ratio}, {idle})"
+
+    floors = {r["batch"]: r["floor_ms"] for r in results}
+    lines = ["| T | floor ms | " + " | ".join(modes) + " |", "|---" * (len(modes) + 2) + "|"]
+    for b in batches:
+        floor = f"{floors[b]:.3f}" if floors.get(b) is not None else "-"
+        lines.append(f"| {b} | {floor} | " + " | ".join(fmt(cell[m, b]) for m in modes) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_latency(results, modes, out_png):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for mode in modes:
+        pts = sorted((r["batch"], r["median_ms"]) for r in results if r["mode"] == mode and r["median_ms"] is not None)
+        if pts:
+            ax.plot(*zip(*pts), marker="o", label=mode)
+    floor = sorted({(r["batch"], r["floor_ms"]) for r in results if r["floor_ms"] is not None})
+    if floor:
+        ax.plot(*zip(*floor), "k--", label="floor (active expert bytes / HBM)")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("tokens per decode step (T)")
+    ax.set_ylabel("step latency, median (ms)")
+    ax.legend()
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=120)
+    plt.close(fig)
+
+
+def add_arguments(parser):
+    parser.add_argument("--preset", choices=list(PRESETS), default="deepseek-v2-lite")
+    for name in Model._fields:
+        flag = "--topk" if name == "top_k" else f"--{name}"
+        parser.add_argument(flag, dest=name, type=int, help=f"override the preset's {name}")
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64, 128, 256],
+                        help="tokens per step")
+    parser.add_argument("--modes", nargs="+", choices=list(MODES), help="default: all")
+    parser.add_argument("--reps", type=int, default=30, help=f"timing samples of {INNER} steps each (DESIGN: >= 30)")
+    parser.add_argument("--profile", action=argparse.BooleanOptionalAction, default=None,
+                        help="profiled run for the bubble (default: only on GPU)")
+    parser.add_argument("--plots", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--detail-batch", type=int, default=8,
+                        help="batch (nearest of --batches) whose first layer is checked against sync "
+                             "and whose profiled step is drawn per mode")
+    parser.add_argument("--hbm-gib", type=float, help="size of the bandwidth probe (default 2 on GPU; "
+                        "1/32 elsewhere, where the floor means little and the probe is slow)")
+    parser.add_argument("--cmdbuf-during-profiling", action="store_true",
+                        help=f"require {CMDBUF_FLAG} in XLA_FLAGS. XLA reads its flags when the backend starts, "
+                             "before this benchmark runs, so the caller must set XLA_FLAGS; this only checks")
+
+
+def run(args) -> dict:
+    xla_flags = os.environ.get("XLA_FLAGS", "")
+    cmdbuf = CMDBUF_FLAG in xla_flags
+    if args.cmdbuf_during_profiling and not cmdbuf:
+        raise SystemExit(f"--cmdbuf-during-profiling: run with XLA_FLAGS='{CMDBUF_FLAG}' set by the caller")
+    gpu = jax.default_backend() == "gpu"
+    profile = gpu if args.profile is None else args.profile
+    dtype = jnp.bfloat16 if gpu else jnp.float32
+    model = PRESETS[args.preset]._replace(**{k: getattr(args, k) for k in Model._fields if getattr(args, k)})
+    modes, batches = args.modes or list(MODES), args.batches
+    expert_bytes = (model.hidden * 2 * model.ffn + model.ffn * model.hidden) * jnp.dtype(dtype).itemsize
+    hbm = timing.hbm_bandwidth(args.hbm_gib or (2.0 if gpu else 1 / 32))
+    params = init_params(model, dtype, jax.random.key(0))
+
+    detail = min(batches, key=lambda b: abs(b - args.detail_batch))
+    inputs, refs = {}, {}
+    for b in batches:
+        xs = [jax.random.normal(jax.random.key(1 + i), (b, model.hidden), dtype) for i in range(N_INPUTS)]
+        inputs[b] = [(params, x) for x in xs]
+        try:
+            refs[b] = _floor(params, model, xs, expert_bytes, hbm)
+            if b == detail:
+                refs[b]["check"] = _first_layer_check(params, model, xs[0])
+        except Exception as e:  # noqa: BLE001 -- rows of this batch then carry no floor and no check
+            refs[b] = dict(error=f"{type(e).__name__}: {e}"[:1000])
+
+    results, intervals = [], {}
+    for b, mode in _progress(list(itertools.product(batches, modes)), desc="decode"):
+        row, window = _measure(mode, b, inputs[b], refs[b], model, args, profile, expert_bytes)
+        results.append(row)
+        if window is not None and b == detail:
+            intervals[mode] = trace.timeline_intervals(args.out / "traces" / f"{mode}_T{b}", window=window)
+
+    if intervals:
+        (args.out / f"decode_timeline_T{detail}.json").write_text(json.dumps(intervals))
+        if args.plots:
+            trace.plot_timeline(intervals, args.out / f"decode_timeline_T{detail}.png")
+    if args.plots:
+        plot_latency(results, modes, args.out / "decode_latency.png")
+    table = markdown(results, modes, batches)
+    (args.out / "decode.md").write_text(table)
+    print(table)
+    return {
+        "benchmark": "decode",
+        "environment": timing.environment(),
+        "config": dict(preset=args.preset, **model._asdict(), dtype=jnp.dtype(dtype).name, norm=NORM,
+                       activation=ACTIVATION, expert_bytes=expert_bytes, batches=batches, modes=modes,
+                       reps=args.reps, inner=INNER, inputs=N_INPUTS, profile=profile,
+                       profiled_steps=PROFILED_STEPS, detail_batch=detail,
+                       reference_errors={b: r["error"] for b, r in refs.items() if "error" in r}),
+        "hbm_bytes_per_s": hbm,
+        "xla_flags": xla_flags,
+        "cmdbuf_during_profiling": cmdbuf,
+        "results": results,
+    }

@@ -1,0 +1,81 @@
+"""grouped_gemm: shape checks, group-sizes mode dispatch, and the FFI call.
+
+The handlers are in csrc/: csrc/cpu/grouped_gemm_cpu.cc on the CPU, and on CUDA
+csrc/cuda/grouped_gemm_cublas.cc (one cuBLAS GEMM per non-empty group over side streams).
+"""
+
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+
+from . import _ffi
+from .group_sizes import HostGroupSizes, check_group_sizes, host_sizes_operand, resolve_group_sizes_mode
+
+GEMM_DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32)
+
+
+def grouped_gemm_output(lhs, rhs, group_sizes, *, ragged="m", transpose_rhs=False, preferred_element_type=None):
+    """The output ShapeDtypeStruct, or a ValueError/TypeError naming what does not fit."""
+    check_group_sizes(group_sizes)
+    if ragged not in ("m", "k"):
+        raise ValueError(f"ragged must be 'm' or 'k', got {ragged!r}")
+    if lhs.dtype != rhs.dtype or lhs.dtype not in GEMM_DTYPES:
+        raise TypeError(f"lhs and rhs must share one dtype of bf16/f16/f32, got {lhs.dtype} and {rhs.dtype}")
+    out_dtype = jnp.dtype(preferred_element_type or lhs.dtype)
+    if out_dtype not in (lhs.dtype, jnp.float32):
+        raise TypeError(f"preferred_element_type must be {lhs.dtype} or float32, got {out_dtype}")
+    if lhs.ndim != 2:
+        raise ValueError(f"lhs must be [M, K], got shape {lhs.shape}")
+    (m, k), g = lhs.shape, group_sizes.shape[0]
+    if ragged == "m":
+        if rhs.ndim != 3 or rhs.shape[0] != g:
+            raise ValueError(f"rhs must be [G={g}, K, N] (or [G, N, K] transposed), got {rhs.shape}")
+        rhs_k, n = (rhs.shape[2], rhs.shape[1]) if transpose_rhs else (rhs.shape[1], rhs.shape[2])
+        if rhs_k != k:
+            raise ValueError(f"contracting dims differ: lhs {lhs.shape}, rhs {rhs.shape}, transpose_rhs={transpose_rhs}")
+        return jax.ShapeDtypeStruct((m, n), out_dtype)
+    if transpose_rhs:
+        raise ValueError("transpose_rhs applies to ragged='m' only")
+    if rhs.ndim != 2 or rhs.shape[0] != m:
+        raise ValueError(f"ragged='k' needs rhs [M={m}, N], got {rhs.shape}")
+    return jax.ShapeDtypeStruct((g, k, rhs.shape[1]), out_dtype)
+
+
+def grouped_gemm(
+    lhs: jax.Array,
+    rhs: jax.Array,
+    group_sizes: jax.Array,
+    *,
+    ragged: str = "m",
+    transpose_rhs: bool = False,
+    preferred_element_type=None,
+    group_sizes_mode: Optional[str] = None,
+    use_async_d2h_group_sizes: bool = False,
+    host_group_sizes: Optional[HostGroupSizes] = None,
+) -> jax.Array:
+    """Grouped GEMM over the rows of `lhs`, grouped in order by `group_sizes`.
+
+    ragged="m": out[rows_g] = lhs[rows_g] @ rhs[g]   (forward, dgrad); rows past the sum are 0.
+    ragged="k": out[g] = lhs[rows_g].T @ rhs[rows_g] (wgrad); an empty group gives zeros.
+    Accumulates in float32 whatever the input dtype.
+
+    group_sizes_mode: "sync" reads the sizes to the host inside the call (TE's default);
+    "async" uses `host_group_sizes` (or makes one) and waits only on its copy's event.
+    `use_async_d2h_group_sizes=True` is TE's spelling of "async". Under vmap the call runs
+    sequentially, one GEMM per batch element.
+    """
+    lhs, rhs, group_sizes = jnp.asarray(lhs), jnp.asarray(rhs), jnp.asarray(group_sizes)
+    out_type = grouped_gemm_output(
+        lhs, rhs, group_sizes, ragged=ragged, transpose_rhs=transpose_rhs, preferred_element_type=preferred_element_type
+    )
+    mode = resolve_group_sizes_mode(group_sizes_mode, use_async_d2h_group_sizes, host_group_sizes)
+    sizes = host_sizes_operand(group_sizes, mode, host_group_sizes)
+    return jax.ffi.ffi_call(_ffi.GROUPED_GEMM, out_type, vmap_method="sequential")(
+        lhs,
+        rhs,
+        sizes,
+        ragged_k=ragged == "k",
+        transpose_rhs=bool(transpose_rhs),
+        async_host_sizes=mode == "async",
+    )

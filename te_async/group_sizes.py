@@ -1,0 +1,81 @@
+"""copy_group_sizes and the HostGroupSizes handle: group sizes sent to the host ahead of time.
+
+A host-sized grouped GEMM must know the group sizes on the host. Reading them inside each GEMM
+(TE's behaviour, mode "sync") stalls the host until the GPU drains. copy_group_sizes instead
+enqueues the device-to-host copy early, into a pinned slot, and records a CUDA event; GEMMs that
+take the handle wait for that event only (mode "async").
+"""
+
+from typing import NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+
+from . import _ffi
+
+GROUP_SIZES_MODES = ("sync", "async")
+
+
+class HostGroupSizes(NamedTuple):
+    """The handle copy_group_sizes returns.
+
+    `device_sizes` is a device snapshot of the sizes. Consumers take it as an operand: that data
+    dependency orders the copy before them (no side effects needed), and its buffer names the
+    pinned slot. Consume it in the same jitted computation (or scan body) that made it; if XLA
+    ever copies it elsewhere, the GEMM still reads the right sizes, synchronously.
+    """
+
+    device_sizes: jax.Array
+
+
+def check_group_sizes(group_sizes) -> None:
+    """Raises before lowering for what the type of group_sizes already tells."""
+    if group_sizes.dtype != jnp.int32 or group_sizes.ndim != 1:
+        raise TypeError(f"group_sizes must be int32 [G], got {group_sizes.dtype} {tuple(group_sizes.shape)}")
+    if not 1 <= group_sizes.shape[0] <= _ffi.MAX_GROUPS:
+        raise ValueError(f"too many groups: {group_sizes.shape[0]} (supported: 1..{_ffi.MAX_GROUPS})")
+
+
+def copy_group_sizes(group_sizes: jax.Array) -> HostGroupSizes:
+    """Starts the device-to-host copy of `group_sizes` now and returns at once.
+
+    Call it right after routing, before the token permutation, so that the copy overlaps the
+    dispatch; then pass the handle as `host_group_sizes=` to grouped_gemm or grouped_mlp.
+    """
+    group_sizes = jnp.asarray(group_sizes)
+    check_group_sizes(group_sizes)
+    snapshot = jax.ffi.ffi_call(
+        _ffi.COPY_GROUP_SIZES,
+        jax.ShapeDtypeStruct(group_sizes.shape, jnp.int32),
+        vmap_method="sequential",
+    )(group_sizes)
+    return HostGroupSizes(snapshot)
+
+
+def resolve_group_sizes_mode(
+    group_sizes_mode: Optional[str],
+    use_async_d2h_group_sizes: bool,
+    host_group_sizes: Optional[HostGroupSizes],
+) -> str:
+    """One mode from the explicit name, or from TE's spelling `use_async_d2h_group_sizes`."""
+    if group_sizes_mode is None:
+        return "async" if use_async_d2h_group_sizes or host_group_sizes is not None else "sync"
+    if group_sizes_mode not in GROUP_SIZES_MODES:
+        raise ValueError(f"group_sizes_mode must be one of {GROUP_SIZES_MODES} or None, got {group_sizes_mode!r}")
+    if host_group_sizes is not None and group_sizes_mode != "async":
+        raise ValueError(f"host_group_sizes is only used in async mode, not {group_sizes_mode!r}")
+    return group_sizes_mode
+
+
+def host_sizes_operand(group_sizes, mode: str, host_group_sizes: Optional[HostGroupSizes]) -> jax.Array:
+    """The int32 [G] operand a host-sized GEMM reads: the handle's snapshot in async mode."""
+    if mode != "async":
+        return group_sizes
+    handle = host_group_sizes if host_group_sizes is not None else copy_group_sizes(group_sizes)
+    if not isinstance(handle, HostGroupSizes):
+        raise TypeError(f"host_group_sizes must come from copy_group_sizes, got {type(handle).__name__}")
+    if handle.device_sizes.shape != group_sizes.shape:
+        raise ValueError(
+            f"host_group_sizes holds {handle.device_sizes.shape[0]} groups, group_sizes {group_sizes.shape[0]}"
+        )
+    return handle.device_sizes

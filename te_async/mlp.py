@@ -1,0 +1,166 @@
+"""grouped_mlp: a GroupedLayerNormMLP as one jax.custom_vjp, so users never handle the
+group-sizes copy themselves (the reviewer's request in TE PR #2213).
+
+y = fc2(act(fc1(norm(x)))) per group of rows, with grouped_gemm for fc1 and fc2.
+
+Copies and host waits per layer (async mode, the default):
+  forward:  1 copy_group_sizes (0 when the caller passes host_group_sizes), 2 GEMMs that each
+            wait on that copy's event; 0 stream synchronisations.
+  backward: 1 copy_group_sizes issued at the start of the backward, 4 GEMMs (dgrad and wgrad of
+            fc2 and fc1) that wait on its event; 0 stream synchronisations. The forward's handle
+            is not reused: under remat or scan its pinned slot may have been recycled long ago.
+Sync mode instead does 2 (forward) and 4 (backward) D2H copies, each with a
+cudaStreamSynchronize. Under jax.checkpoint the forward runs again in the backward pass, with
+its own copy.
+
+Residuals: x, the weights, the norm parameters, group_sizes and the fc1 output h [M, F1].
+The norm output and the activation are recomputed in the backward (elementwise, cheap); h is
+saved because recomputing it would cost a grouped GEMM.
+"""
+
+import functools
+import logging
+from typing import NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+
+from .gemm import grouped_gemm
+from .group_sizes import HostGroupSizes, check_group_sizes, copy_group_sizes, resolve_group_sizes_mode
+
+logger = logging.getLogger("te_async")
+
+NORMS = ("rmsnorm", "layernorm", None)
+_gelu_tanh = functools.partial(jax.nn.gelu, approximate=True)
+GATED_ACTIVATIONS = {"swiglu": jax.nn.silu, "geglu": _gelu_tanh}
+PLAIN_ACTIVATIONS = {"silu": jax.nn.silu, "gelu": _gelu_tanh, "relu": jax.nn.relu}
+ACTIVATIONS = tuple(GATED_ACTIVATIONS) + tuple(PLAIN_ACTIVATIONS)
+
+
+class _Config(NamedTuple):
+    norm: Optional[str]
+    eps: float
+    activation: str
+    mode: str
+
+
+def normalize(x, scale, bias, norm: Optional[str], eps: float):
+    """RMSNorm or LayerNorm in float32, cast back to x.dtype."""
+    if norm is None:
+        return x
+    xf = x.astype(jnp.float32)
+    if norm == "layernorm":
+        xf = xf - jnp.mean(xf, axis=-1, keepdims=True)
+    y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
+    if scale is not None:
+        y = y * scale.astype(jnp.float32)
+    if bias is not None:
+        y = y + bias.astype(jnp.float32)
+    return y.astype(x.dtype)
+
+
+def activate(h, activation: str):
+    """Gated activations split h as [gate | linear]: act(gate) * linear."""
+    hf = h.astype(jnp.float32)
+    if activation in GATED_ACTIVATIONS:
+        gate, linear = jnp.split(hf, 2, axis=-1)
+        return (GATED_ACTIVATIONS[activation](gate) * linear).astype(h.dtype)
+    return PLAIN_ACTIVATIONS[activation](hf).astype(h.dtype)
+
+
+def _check(x, group_sizes, w_fc1, w_fc2, norm_scale, norm_bias, norm, activation):
+    check_group_sizes(group_sizes)
+    if norm not in NORMS:
+        raise ValueError(f"norm must be one of {NORMS}, got {norm!r}")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+    if x.ndim != 2 or w_fc1.ndim != 3 or w_fc2.ndim != 3:
+        raise ValueError(f"need x [M,H], w_fc1 [G,H,F1], w_fc2 [G,F,H]; got {x.shape}, {w_fc1.shape}, {w_fc2.shape}")
+    if not x.dtype == w_fc1.dtype == w_fc2.dtype:
+        raise TypeError(f"x, w_fc1 and w_fc2 must share a dtype, got {x.dtype}, {w_fc1.dtype}, {w_fc2.dtype}")
+    g, h = group_sizes.shape[0], x.shape[1]
+    if w_fc1.shape[0] != g or w_fc2.shape[0] != g:
+        raise ValueError(f"group counts differ: group_sizes {g}, w_fc1 {w_fc1.shape[0]}, w_fc2 {w_fc2.shape[0]}")
+    if w_fc1.shape[1] != h or w_fc2.shape[2] != h:
+        raise ValueError(f"hidden size {h} of x does not match w_fc1 {w_fc1.shape} / w_fc2 {w_fc2.shape}")
+    f = w_fc2.shape[1]
+    want = 2 * f if activation in GATED_ACTIVATIONS else f
+    if w_fc1.shape[2] != want:
+        kind = "gated" if activation in GATED_ACTIVATIONS else "plain"
+        raise ValueError(f"{activation} is {kind}: w_fc1 must be [G,{h},{want}] for w_fc2 [G,{f},{h}], got {w_fc1.shape}")
+    for name, p in (("norm_scale", norm_scale), ("norm_bias", norm_bias)):
+        if p is None:
+            continue
+        if norm is None:
+            raise ValueError(f"{name} given but norm is None")
+        if p.shape != (h,):
+            raise ValueError(f"{name} must be [{h}], got {p.shape}")
+    if norm_bias is not None and norm == "rmsnorm":
+        raise ValueError("rmsnorm takes no norm_bias")
+
+
+def _gemm(cfg: _Config, handle, lhs, rhs, group_sizes, **kw):
+    return grouped_gemm(lhs, rhs, group_sizes, group_sizes_mode=cfg.mode, host_group_sizes=handle, **kw)
+
+
+def _fwd(cfg: _Config, x, group_sizes, w_fc1, w_fc2, norm_scale, norm_bias, handle):
+    if cfg.mode == "async" and handle is None:
+        handle = copy_group_sizes(group_sizes)
+    xn = normalize(x, norm_scale, norm_bias, cfg.norm, cfg.eps)
+    h = _gemm(cfg, handle, xn, w_fc1, group_sizes)
+    y = _gemm(cfg, handle, activate(h, cfg.activation), w_fc2, group_sizes)
+    return y, (x, group_sizes, w_fc1, w_fc2, norm_scale, norm_bias, h)
+
+
+def _bwd(cfg: _Config, residuals, dy):
+    x, group_sizes, w_fc1, w_fc2, norm_scale, norm_bias, h = residuals
+    handle = copy_group_sizes(group_sizes) if cfg.mode == "async" else None
+    gemm = functools.partial(_gemm, cfg, handle)
+    xn, norm_vjp = jax.vjp(lambda x_, s_, b_: normalize(x_, s_, b_, cfg.norm, cfg.eps), x, norm_scale, norm_bias)
+    a, act_vjp = jax.vjp(lambda h_: activate(h_, cfg.activation), h)
+    dy = dy.astype(x.dtype)
+    da = gemm(dy, w_fc2, group_sizes, transpose_rhs=True)
+    dw_fc2 = gemm(a, dy, group_sizes, ragged="k")
+    (dh,) = act_vjp(da)
+    dxn = gemm(dh, w_fc1, group_sizes, transpose_rhs=True)
+    dw_fc1 = gemm(xn, dh, group_sizes, ragged="k")
+    dx, dscale, dbias = norm_vjp(dxn)
+    return dx, None, dw_fc1, dw_fc2, dscale, dbias, None
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _grouped_mlp(cfg, x, group_sizes, w_fc1, w_fc2, norm_scale, norm_bias, handle):
+    return _fwd(cfg, x, group_sizes, w_fc1, w_fc2, norm_scale, norm_bias, handle)[0]
+
+
+_grouped_mlp.defvjp(_fwd, _bwd)
+
+
+def grouped_mlp(
+    x: jax.Array,
+    group_sizes: jax.Array,
+    w_fc1: jax.Array,
+    w_fc2: jax.Array,
+    *,
+    norm_scale: Optional[jax.Array] = None,
+    norm_bias: Optional[jax.Array] = None,
+    norm: Optional[str] = "rmsnorm",
+    eps: float = 1e-6,
+    activation: str = "swiglu",
+    group_sizes_mode: Optional[str] = None,
+    use_async_d2h_group_sizes: bool = True,
+    host_group_sizes: Optional[HostGroupSizes] = None,
+) -> jax.Array:
+    """GroupedLayerNormMLP: y[rows_g] = fc2_g(act(fc1_g(norm(x[rows_g])))), differentiable.
+
+    x [M,H]; w_fc1 [G,H,2F] for gated activations (swiglu, geglu: [gate | linear]) or [G,H,F]
+    (silu, gelu, relu); w_fc2 [G,F,H]. Rows past sum(group_sizes) give zeros. Gradients flow to
+    x, norm_scale, norm_bias, w_fc1 and w_fc2. Pass `host_group_sizes` made by copy_group_sizes
+    right after routing to start the copy before the token permutation.
+    """
+    x, group_sizes = jnp.asarray(x), jnp.asarray(group_sizes)
+    _check(x, group_sizes, w_fc1, w_fc2, norm_scale, norm_bias, norm, activation)
+    mode = resolve_group_sizes_mode(group_sizes_mode, use_async_d2h_group_sizes, host_group_sizes)
+    logger.debug("grouped_mlp: group_sizes_mode=%s G=%d M=%d", mode, group_sizes.shape[0], x.shape[0])
+    cfg = _Config(norm, float(eps), activation, mode)
+    return _grouped_mlp(cfg, x, group_sizes, w_fc1, w_fc2, norm_scale, norm_bias, host_group_sizes)

@@ -1,0 +1,159 @@
+"""grouped_mlp (forward and VJP) on the default backend against a float64 jnp reference."""
+
+import itertools
+
+import jax
+from jax.test_util import check_grads
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import te_async
+from reference import SIZE_KINDS, mlp_reference, random_group_sizes, rel_error
+
+NORMS = ["rmsnorm", "layernorm", None]
+ACTIVATIONS = ["swiglu", "geglu", "silu", "gelu", "relu"]
+GATED = {"swiglu", "geglu"}
+
+
+def make_inputs(rng, *, groups, rows, hidden, ffn, activation, norm, dtype=jnp.float32, kind="random"):
+    sizes = random_group_sizes(rng, groups, rows, kind)
+    f1 = 2 * ffn if activation in GATED else ffn
+    arrays = dict(
+        x=jnp.asarray(rng.standard_normal((rows, hidden)), dtype),
+        w_fc1=jnp.asarray(rng.standard_normal((groups, hidden, f1)) / np.sqrt(hidden), dtype),
+        w_fc2=jnp.asarray(rng.standard_normal((groups, ffn, hidden)) / np.sqrt(ffn), dtype),
+        norm_scale=None if norm is None else jnp.asarray(1 + 0.1 * rng.standard_normal(hidden), jnp.float32),
+        norm_bias=jnp.asarray(0.1 * rng.standard_normal(hidden), jnp.float32) if norm == "layernorm" else None,
+    )
+    return sizes, arrays
+
+
+def loss_and_grads(fn, arrays, cotangent):
+    names = [k for k, v in arrays.items() if v is not None]
+
+    def loss(*vals):
+        kw = dict(arrays, **dict(zip(names, vals)))
+        return jnp.sum(fn(**kw).astype(jnp.float64) * cotangent)
+
+    vals = [arrays[k] for k in names]
+    value, grads = jax.jit(jax.value_and_grad(loss, argnums=tuple(range(len(vals)))))(*vals)
+    return value, dict(zip(names, grads))
+
+
+@pytest.mark.parametrize("norm,activation", list(itertools.product(NORMS, ACTIVATIONS)))
+def test_forward_and_grads_match_float64(rng, norm, activation):
+    kind = SIZE_KINDS[int(rng.integers(len(SIZE_KINDS)))]
+    cfg = dict(groups=int(rng.integers(1, 7)), rows=int(rng.integers(5, 60)), hidden=int(rng.integers(4, 24)), ffn=int(rng.integers(3, 20)))
+    sizes, arrays = make_inputs(rng, activation=activation, norm=norm, kind=kind, **cfg)
+    gs = jnp.asarray(sizes)
+    ours = lambda **kw: te_async.grouped_mlp(group_sizes=gs, norm=norm, activation=activation, **kw)
+    ref = lambda **kw: mlp_reference(group_sizes_to_ref(kw), sizes, norm=norm, activation=activation, **kw)
+    cot = jnp.asarray(rng.standard_normal((cfg["rows"], cfg["hidden"])))
+    y = jax.jit(lambda a: ours(**a))(arrays)
+    assert y.dtype == jnp.float32 and y.shape == arrays["x"].shape
+    assert rel_error(y, jax.jit(lambda a: ref(**a))(arrays)) < 1e-5, kind
+    _, g_ours = loss_and_grads(ours, arrays, cot)
+    _, g_ref = loss_and_grads(ref, arrays, cot)
+    for name in g_ref:
+        assert g_ours[name].dtype == arrays[name].dtype
+        assert rel_error(g_ours[name], g_ref[name]) < 1e-4, (name, kind)
+
+
+def group_sizes_to_ref(kw):
+    """mlp_reference takes x positionally; pop it out of the keyword set."""
+    return kw.pop("x")
+
+
+# Smooth activations only: finite differences across relu's kink are not a gradient check.
+@pytest.mark.parametrize("norm,activation", [("rmsnorm", "swiglu"), ("layernorm", "gelu"), (None, "silu")])
+def test_check_grads(rng, norm, activation):
+    sizes, a = make_inputs(rng, groups=3, rows=9, hidden=5, ffn=4, activation=activation, norm=norm, kind="zeros")
+    gs = jnp.asarray(sizes)
+    f = lambda x, w1, w2: te_async.grouped_mlp(x, gs, w1, w2, norm_scale=a["norm_scale"], norm_bias=a["norm_bias"], norm=norm, activation=activation)
+    check_grads(f, (a["x"], a["w_fc1"], a["w_fc2"]), order=1, modes=["rev"], atol=2e-2, rtol=2e-2, eps=1e-2)
+
+
+def test_scan_over_layers_forward_and_backward(rng):
+    layers, groups, rows, hidden, ffn = 5, 4, 23, 8, 6
+    sizes = np.stack([random_group_sizes(rng, groups, rows, SIZE_KINDS[i % len(SIZE_KINDS)]) for i in range(layers)])
+    w1 = jnp.asarray(rng.standard_normal((layers, groups, hidden, 2 * ffn)) / np.sqrt(hidden), jnp.float32)
+    w2 = jnp.asarray(rng.standard_normal((layers, groups, ffn, hidden)) / np.sqrt(ffn), jnp.float32)
+    x0 = jnp.asarray(rng.standard_normal((rows, hidden)), jnp.float32)
+
+    def run(mlp, x, w1, w2):
+        def layer(x, p):
+            w1_l, w2_l, gs = p
+            return x + mlp(x, gs, w1_l, w2_l), None
+
+        return jax.lax.scan(layer, x, (w1, w2, jnp.asarray(sizes)))[0]
+
+    ours = lambda x, gs, a, b: te_async.grouped_mlp(x, gs, a, b)
+    ref = lambda x, gs, a, b: mlp_reference(x, np.asarray(gs), a, b)
+    loss = lambda mlp: jax.jit(jax.value_and_grad(lambda *a: jnp.sum(run(mlp, *a) ** 2), argnums=(0, 1, 2)))
+    v_ours, g_ours = loss(ours)(x0, w1, w2)
+    # The reference needs concrete sizes per layer, so unroll it in Python.
+    def ref_loss(x, w1, w2):
+        for i in range(layers):
+            x = x + ref(x, sizes[i], w1[i], w2[i])
+        return jnp.sum(x**2)
+
+    v_ref, g_ref = jax.value_and_grad(ref_loss, argnums=(0, 1, 2))(x0, w1, w2)
+    assert abs(float(v_ours) - float(v_ref)) / abs(float(v_ref)) < 1e-5
+    for a, b in zip(g_ours, g_ref):
+        assert rel_error(a, b) < 1e-4
+
+
+def test_remat_gives_the_same_gradients(rng):
+    sizes, a = make_inputs(rng, groups=4, rows=30, hidden=8, ffn=6, activation="swiglu", norm="rmsnorm", kind="skewed")
+    gs = jnp.asarray(sizes)
+    f = lambda x, w1, w2: jnp.sum(te_async.grouped_mlp(x, gs, w1, w2, norm_scale=a["norm_scale"]) ** 2)
+    args = (a["x"], a["w_fc1"], a["w_fc2"])
+    plain = jax.grad(f, argnums=(0, 1, 2))(*args)
+    remat = jax.jit(jax.grad(jax.checkpoint(f), argnums=(0, 1, 2)))(*args)
+    for p, r in zip(plain, remat):
+        np.testing.assert_allclose(p, r, rtol=1e-6, atol=1e-6)
+
+
+def test_group_sizes_get_no_gradient(rng):
+    sizes, a = make_inputs(rng, groups=3, rows=10, hidden=4, ffn=4, activation="relu", norm=None)
+    g = jax.grad(lambda x: jnp.sum(te_async.grouped_mlp(x, jnp.asarray(sizes), a["w_fc1"], a["w_fc2"], norm=None, activation="relu")))(a["x"])
+    assert g.shape == a["x"].shape
+
+
+def test_async_mode_issues_one_copy_forward_and_one_backward(rng):
+    sizes, a = make_inputs(rng, groups=3, rows=12, hidden=4, ffn=4, activation="swiglu", norm="rmsnorm")
+    gs = jnp.asarray(sizes)
+    f = lambda x, w1, w2: jnp.sum(te_async.grouped_mlp(x, gs, w1, w2) ** 2)  # the backward needs y
+    fwd = jax.jit(f).lower(a["x"], a["w_fc1"], a["w_fc2"]).as_text()
+    assert fwd.count("te_async_copy_group_sizes") == 1 and fwd.count("te_async_grouped_gemm") == 2
+    both = jax.jit(jax.grad(f, argnums=(0, 1, 2))).lower(a["x"], a["w_fc1"], a["w_fc2"]).as_text()
+    assert both.count("te_async_copy_group_sizes") == 2 and both.count("te_async_grouped_gemm") == 6
+    given = jax.jit(lambda x, w1, w2: te_async.grouped_mlp(x, gs, w1, w2, host_group_sizes=te_async.copy_group_sizes(gs)))
+    text = given.lower(a["x"], a["w_fc1"], a["w_fc2"]).as_text()
+    assert text.count("te_async_copy_group_sizes") == 1
+    sync = jax.jit(lambda x, w1, w2: te_async.grouped_mlp(x, gs, w1, w2, group_sizes_mode="sync")).lower(a["x"], a["w_fc1"], a["w_fc2"]).as_text()
+    assert "te_async_copy_group_sizes" not in sync
+
+
+@pytest.mark.parametrize(
+    "change,match",
+    [
+        (dict(w_fc1=jnp.ones((3, 4, 5))), "swiglu is gated: w_fc1 must be"),
+        (dict(w_fc1=jnp.ones((2, 4, 8)), w_fc2=jnp.ones((2, 4, 4))), "group counts differ"),
+        (dict(activation="tanh"), "activation must be one of"),
+        (dict(norm="batchnorm"), "norm must be one of"),
+        (dict(norm_scale=jnp.ones(5)), r"norm_scale must be \[4\]"),
+        (dict(norm=None, norm_scale=jnp.ones(4)), "norm_scale given but norm is None"),
+        (dict(norm_bias=jnp.ones(4)), "rmsnorm takes no norm_bias"),
+        (dict(w_fc2=jnp.ones((3, 4, 4), jnp.bfloat16)), "share a dtype"),
+        (dict(group_sizes=jnp.ones(3, jnp.float32)), "int32"),
+    ],
+)
+def test_bad_inputs(change, match):
+    args = dict(x=jnp.ones((10, 4)), group_sizes=jnp.array([3, 3, 4], jnp.int32), w_fc1=jnp.ones((3, 4, 8)), w_fc2=jnp.ones((3, 4, 4)))
+    args = {k: (v.astype(jnp.float32) if v.dtype == jnp.float64 else v) for k, v in args.items()}
+    change = {k: (v.astype(jnp.float32) if hasattr(v, "dtype") and v.dtype == jnp.float64 else v) for k, v in change.items()}
+    args.update(change)
+    with pytest.raises((ValueError, TypeError), match=match):
+        te_async.grouped_mlp(**args)
