@@ -15,4 +15,5 @@ python -m pip install -q --upgrade pip
 python -m pip install -q "$JAX_SPEC" "nanobind>=2.4" "scikit-build-core>=0.10" numpy pytest flax matplotlib tqdm
 if command -v nvcc >/dev/null; then python -m pip install -q "nvidia-cublas==13.1.2.11"; fi
 python -m pip install -q --no-build-isolation --no-deps .
-python -c "import jax, te_async; print('te_async ready: jax', jax.__version__, jax.default_backend(), '| CUDA handlers built:', te_async.cuda_extension_built())"
+# Checked from outside the source tree, whose te_async/ has no compiled modules.
+(cd / && python -c "import jax, te_async; print('te_async ready: jax', jax.__version__, jax.default_backend(), '| CUDA handlers built:', te_async.cuda_extension_built())")
