@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "xla/ffi/api/ffi.h"
@@ -34,6 +35,20 @@ ffi::ErrorOr<GroupedGemmShape> CheckGroupedGemm(const ffi::AnyBuffer& lhs, const
                                                 const ffi::AnyBuffer& group_sizes,
                                                 const ffi::AnyBuffer& out, bool ragged_k,
                                                 bool transpose_rhs);
+
+// Appends the grouped GEMM's operands (lhs, rhs, group sizes), result and attributes to a
+// binding, so that every platform's handler takes the same signature.
+template <typename Binding>
+auto BindGroupedGemm(Binding binding) {
+  return std::move(binding)
+      .template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>()
+      .template Ret<ffi::AnyBuffer>()
+      .template Attr<bool>("ragged_k")
+      .template Attr<bool>("transpose_rhs")
+      .template Attr<bool>("async_host_sizes");
+}
 
 // Checks host-side group sizes against the ragged dimension: no negative size, sum <= rows.
 ffi::Error CheckGroupSizeValues(const int32_t* sizes, int64_t groups, int64_t rows);

@@ -109,10 +109,10 @@ def test_remat_gives_the_same_gradients(rng):
     gs = jnp.asarray(sizes)
     f = lambda x, w1, w2: jnp.sum(te_async.grouped_mlp(x, gs, w1, w2, norm_scale=a["norm_scale"]) ** 2)
     args = (a["x"], a["w_fc1"], a["w_fc2"])
-    plain = jax.grad(f, argnums=(0, 1, 2))(*args)
+    plain = jax.jit(jax.grad(f, argnums=(0, 1, 2)))(*args)
     remat = jax.jit(jax.grad(jax.checkpoint(f), argnums=(0, 1, 2)))(*args)
-    for p, r in zip(plain, remat):
-        np.testing.assert_allclose(p, r, rtol=1e-6, atol=1e-6)
+    for p, r in zip(plain, remat):  # the same math, fused differently by XLA: float32 rounding apart
+        assert rel_error(r, p) < 1e-5
 
 
 def test_group_sizes_get_no_gradient(rng):

@@ -113,14 +113,6 @@ ffi::Error GroupedGemmCpu(ffi::AnyBuffer lhs, ffi::AnyBuffer rhs, ffi::AnyBuffer
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kGroupedGemmCpu, GroupedGemmCpu,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Attr<bool>("ragged_k")
-                                  .Attr<bool>("transpose_rhs")
-                                  .Attr<bool>("async_host_sizes"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kGroupedGemmCpu, GroupedGemmCpu, BindGroupedGemm(ffi::Ffi::Bind()));
 
 }  // namespace te_async

@@ -6,27 +6,22 @@
 
 namespace te_async {
 
+inline bool EnvFlagIsOne(const char* name) {
+  const char* v = std::getenv(name);
+  return v && std::strcmp(v, "1") == 0;
+}
+
 // TE_ASYNC_POISON_OUTPUTS=1: fill every output with NaN before computing it, so that an element
 // no kernel writes shows up in the tests instead of passing as stale memory.
 inline bool PoisonOutputs() {
-  static const bool on = [] {
-    const char* v = std::getenv("TE_ASYNC_POISON_OUTPUTS");
-    return v && std::strcmp(v, "1") == 0;
-  }();
+  static const bool on = EnvFlagIsOne("TE_ASYNC_POISON_OUTPUTS");
   return on;
 }
-
-}  // namespace te_async
-
-namespace te_async {
 
 // TE_ASYNC_VERIFY_HOST_SIZES=1: check every pinned-slot read against a synchronous read of the
 // device snapshot, and fail the call on a mismatch. Slow; for tests.
 inline bool VerifyHostSizes() {
-  static const bool on = [] {
-    const char* v = std::getenv("TE_ASYNC_VERIFY_HOST_SIZES");
-    return v && std::strcmp(v, "1") == 0;
-  }();
+  static const bool on = EnvFlagIsOne("TE_ASYNC_VERIFY_HOST_SIZES");
   return on;
 }
 

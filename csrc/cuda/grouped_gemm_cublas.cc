@@ -123,15 +123,8 @@ ffi::Error GroupedGemmCuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer l
 
 // Not command-buffer compatible: the group sizes decide, on the host, which GEMMs to launch.
 XLA_FFI_DEFINE_HANDLER_SYMBOL(kGroupedGemmCuda, GroupedGemmCuda,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<ffi::DeviceOrdinal>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Attr<bool>("ragged_k")
-                                  .Attr<bool>("transpose_rhs")
-                                  .Attr<bool>("async_host_sizes"));
+                              BindGroupedGemm(ffi::Ffi::Bind()
+                                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                                  .Ctx<ffi::DeviceOrdinal>()));
 
 }  // namespace te_async

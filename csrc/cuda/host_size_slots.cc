@@ -13,19 +13,14 @@ namespace {
 
 namespace ffi = xla::ffi;
 
-PerDevice<HostSizeSlots>& Registry() {
-  static auto* registry = new PerDevice<HostSizeSlots>();  // leaked: outlives static teardown
-  return *registry;
-}
-
 }  // namespace
 
-ffi::ErrorOr<HostSizeSlots*> HostSizeSlots::ForDevice(int device) { return Registry().Get(device); }
+ffi::ErrorOr<HostSizeSlots*> HostSizeSlots::ForDevice(int device) { return PerDevice<HostSizeSlots>::Instance().Get(device); }
 
-void HostSizeSlots::ReleaseAll() { Registry().ReleaseAll(); }
+void HostSizeSlots::ReleaseAll() { PerDevice<HostSizeSlots>::Instance().ReleaseAll(); }
 
 HostSizeStats HostSizeSlots::Stats(int device) {
-  HostSizeSlots* slots = Registry().Find(device);
+  HostSizeSlots* slots = PerDevice<HostSizeSlots>::Instance().Find(device);
   if (!slots) return {};
   std::lock_guard<std::mutex> lock(slots->mu_);
   return slots->stats_;

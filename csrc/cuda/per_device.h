@@ -15,6 +15,12 @@ namespace te_async {
 template <typename T>
 class PerDevice {
  public:
+  // The process-wide registry for T; leaked on purpose, so that it outlives static teardown.
+  static PerDevice& Instance() {
+    static auto* registry = new PerDevice();
+    return *registry;
+  }
+
   // T must provide `xla::ffi::Error Init()` and `void Release()`.
   xla::ffi::ErrorOr<T*> Get(int device) {
     std::lock_guard<std::mutex> lock(mu_);

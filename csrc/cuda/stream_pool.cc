@@ -8,11 +8,6 @@ namespace {
 
 namespace ffi = xla::ffi;
 
-PerDevice<StreamPool>& Registry() {
-  static auto* registry = new PerDevice<StreamPool>();  // leaked: outlives static teardown
-  return *registry;
-}
-
 ffi::Error NewHandle(const CublasApi& api, cudaStream_t stream, cublasHandle_t* handle, void** workspace) {
   TE_ASYNC_CUBLAS(api, Create(handle));
   TE_ASYNC_CUDA(cudaMalloc(workspace, StreamPool::kWorkspaceBytes));
@@ -23,9 +18,9 @@ ffi::Error NewHandle(const CublasApi& api, cudaStream_t stream, cublasHandle_t* 
 
 }  // namespace
 
-ffi::ErrorOr<StreamPool*> StreamPool::ForDevice(int device) { return Registry().Get(device); }
+ffi::ErrorOr<StreamPool*> StreamPool::ForDevice(int device) { return PerDevice<StreamPool>::Instance().Get(device); }
 
-void StreamPool::ReleaseAll() { Registry().ReleaseAll(); }
+void StreamPool::ReleaseAll() { PerDevice<StreamPool>::Instance().ReleaseAll(); }
 
 ffi::Error StreamPool::Init() {
   auto api = Cublas();
