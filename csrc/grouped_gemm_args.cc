@@ -1,5 +1,6 @@
 #include "grouped_gemm_args.h"
 
+#include <algorithm>
 #include <string>
 
 namespace te_async {
@@ -92,6 +93,16 @@ ffi::Error CheckGroupSizeValues(const int32_t* sizes, int64_t groups, int64_t ro
 std::vector<int64_t> GroupOffsets(const int32_t* sizes, int64_t groups) {
   std::vector<int64_t> offsets(groups + 1, 0);
   for (int64_t g = 0; g < groups; ++g) offsets[g + 1] = offsets[g] + sizes[g];
+  return offsets;
+}
+
+std::vector<int64_t> ClampedGroupOffsets(const int32_t* sizes, int64_t groups, int64_t rows) {
+  std::vector<int64_t> offsets(groups + 1, 0);
+  int64_t total = 0;
+  for (int64_t g = 0; g < groups; ++g) {
+    total += std::max<int32_t>(sizes[g], 0);
+    offsets[g + 1] = std::min(total, rows);
+  }
   return offsets;
 }
 

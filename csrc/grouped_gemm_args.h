@@ -36,18 +36,22 @@ ffi::ErrorOr<GroupedGemmShape> CheckGroupedGemm(const ffi::AnyBuffer& lhs, const
                                                 const ffi::AnyBuffer& out, bool ragged_k,
                                                 bool transpose_rhs);
 
-// Appends the grouped GEMM's operands (lhs, rhs, group sizes), result and attributes to a
-// binding, so that every platform's handler takes the same signature.
+// Appends the grouped GEMM's operands (lhs, rhs, group sizes) and result to a binding, so that
+// every platform's handler takes the same signature. Handlers then add their extra results and
+// BindGemmForm's attributes.
 template <typename Binding>
 auto BindGroupedGemm(Binding binding) {
   return std::move(binding)
       .template Arg<ffi::AnyBuffer>()
       .template Arg<ffi::AnyBuffer>()
       .template Arg<ffi::AnyBuffer>()
-      .template Ret<ffi::AnyBuffer>()
-      .template Attr<bool>("ragged_k")
-      .template Attr<bool>("transpose_rhs")
-      .template Attr<bool>("async_host_sizes");
+      .template Ret<ffi::AnyBuffer>();
+}
+
+// The attributes that say which grouped GEMM form to run.
+template <typename Binding>
+auto BindGemmForm(Binding binding) {
+  return std::move(binding).template Attr<bool>("ragged_k").template Attr<bool>("transpose_rhs");
 }
 
 // Checks host-side group sizes against the ragged dimension: no negative size, sum <= rows.
@@ -55,5 +59,9 @@ ffi::Error CheckGroupSizeValues(const int32_t* sizes, int64_t groups, int64_t ro
 
 // Row offset of each group, plus the total as the last entry.
 std::vector<int64_t> GroupOffsets(const int32_t* sizes, int64_t groups);
+
+// Device mode's reading of unchecked sizes (the CUDA kernels do the same, group_layout.cuh):
+// a negative size counts as 0 and no group runs past `rows`.
+std::vector<int64_t> ClampedGroupOffsets(const int32_t* sizes, int64_t groups, int64_t rows);
 
 }  // namespace te_async

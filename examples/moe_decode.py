@@ -78,7 +78,7 @@ def main():
     # router, after which two correct implementations route differently.
     first_layer = jax.tree_util.tree_map(lambda a: a[:1], params)
     reference = jax.jit(lambda p, x: dense_reference_step(p, x, top_k=top_k))(first_layer, x0)
-    for mode in ("sync", "async"):
+    for mode in te_async.GROUP_SIZES_MODES:
         step = jax.jit(lambda p, x, mode=mode: decode_step(p, x, top_k=top_k, mode=mode))
         first = step(first_layer, x0)
         x, times = x0, []

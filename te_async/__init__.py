@@ -7,6 +7,7 @@ Path of a call: mlp.py (grouped_mlp) -> gemm.py (grouped_gemm) -> csrc/.
 from ._ffi import MAX_GROUPS, cuda_extension_built, host_size_stats
 from .gemm import grouped_gemm
 from .group_sizes import GROUP_SIZES_MODES, HostGroupSizes, copy_group_sizes
+from .expert_parallel import moe_block_ep
 from .mlp import grouped_mlp
 
 __all__ = [
@@ -18,4 +19,5 @@ __all__ = [
     "grouped_gemm",
     "grouped_mlp",
     "host_size_stats",
+    "moe_block_ep",
 ]

@@ -5,6 +5,7 @@ toolkit; it needs no GPU to import, so registering it is harmless on a CPU-only 
 """
 
 import atexit
+import functools
 
 import jax
 
@@ -19,6 +20,7 @@ MAX_GROUPS: int = _te_async_cpu.MAX_GROUPS
 
 COPY_GROUP_SIZES = "te_async_copy_group_sizes"
 GROUPED_GEMM = "te_async_grouped_gemm"
+GROUPED_GEMM_DEVICE = "te_async_grouped_gemm_device"
 
 
 def _register() -> None:
@@ -47,3 +49,39 @@ def host_size_stats(device: int = 0) -> dict:
     if _te_async_cuda is None:
         return {"copies": 0, "event_waits": 0, "sync_reads": 0, "fallback_reads": 0}
     return dict(_te_async_cuda.host_size_stats(device))
+
+
+def gpu_present() -> bool:
+    if _te_async_cuda is None:
+        return False
+    try:
+        return bool(jax.devices("gpu"))
+    except RuntimeError:
+        return False
+
+
+@functools.lru_cache(maxsize=None)
+def device_plan(groups: int, rows: int, k: int, n: int, ragged_k: bool, transpose_rhs: bool, in_dtype: str,
+                out_dtype: str) -> tuple:
+    """(kernel, workspace bytes) of a device-mode call on GPU 0; ("cpu", 0) without a GPU. The
+    kernel is "small_groups", "portable", or the CUTLASS config name ("cutlass_sm90_...").
+
+    The choice depends on static shapes only, so it is made at trace time and the workspace comes
+    with the call as an extra result: the handler allocates nothing, as a CUDA graph requires.
+    """
+    if not gpu_present():
+        return "cpu", 0
+    return tuple(_te_async_cuda.device_plan(groups, rows, k, n, ragged_k, transpose_rhs, in_dtype, out_dtype, 0))
+
+
+def device_kernel_choice(*args, **kwargs) -> str:
+    """The C++ kernel rule (csrc/device_kernel_choice.h) for any target, GPU or not."""
+    return _te_async_cpu.device_kernel_choice(*args, **kwargs)
+
+
+def device_mode_is_fast(groups: int, rows: int, k: int, n: int, dtype: str) -> bool:
+    """Whether device mode has a fast kernel for a ragged-m GEMM of this shape (and for the wgrad
+    of its rows): always off the GPU, where every mode runs the same reference; on the GPU where
+    device_plan picks a kernel other than the portable SIMT one, i.e. at decode sizes (small_groups)
+    and, when built, on CUTLASS. The portable kernel is correct but far slower than cuBLAS."""
+    return device_plan(groups, rows, k, n, False, False, dtype, dtype)[0] != "portable"

@@ -1,18 +1,24 @@
 """grouped_gemm: shape checks, group-sizes mode dispatch, and the FFI call.
 
-The handlers are in csrc/: csrc/cpu/grouped_gemm_cpu.cc on the CPU, and on CUDA
-csrc/cuda/grouped_gemm_cublas.cc (one cuBLAS GEMM per non-empty group over side streams).
+The handlers are in csrc/: csrc/cpu/grouped_gemm_cpu.cc on the CPU; on CUDA,
+csrc/cuda/grouped_gemm_cublas.cc for the host-sized modes (one cuBLAS GEMM per non-empty group
+over side streams) and csrc/cuda/grouped_gemm_device.cc for device mode.
 """
 
+import functools
+import logging
 from typing import Optional
 
 import jax
 import jax.numpy as jnp
 
 from . import _ffi
+from .sharding import require_replicated
 from .group_sizes import HostGroupSizes, check_group_sizes, host_sizes_operand, resolve_group_sizes_mode
 
 GEMM_DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32)
+logger = logging.getLogger("te_async")
+OPERANDS = ("lhs", "rhs", "group_sizes")  # names for the sharded-operand error
 
 
 def grouped_gemm_output(lhs, rhs, group_sizes, *, ragged="m", transpose_rhs=False, preferred_element_type=None):
@@ -42,6 +48,20 @@ def grouped_gemm_output(lhs, rhs, group_sizes, *, ragged="m", transpose_rhs=Fals
     return jax.ShapeDtypeStruct((g, k, rhs.shape[1]), out_dtype)
 
 
+def _device_grouped_gemm(lhs, rhs, group_sizes, out_type, ragged_k: bool, transpose_rhs: bool):
+    (m, k), g = lhs.shape, group_sizes.shape[0]
+    n = out_type.shape[-1]
+    kernel, workspace_bytes = _ffi.device_plan(
+        g, m, k, n, ragged_k, transpose_rhs, jnp.dtype(lhs.dtype).name, jnp.dtype(out_type.dtype).name
+    )
+    logger.debug("grouped_gemm device mode: kernel=%s G=%d M=%d K=%d N=%d ragged_k=%s", kernel, g, m, k, n, ragged_k)
+    workspace = jax.ShapeDtypeStruct((workspace_bytes,), jnp.uint8)
+    call = jax.ffi.ffi_call(_ffi.GROUPED_GEMM_DEVICE, (out_type, workspace), vmap_method="sequential")
+    call = functools.partial(call, ragged_k=ragged_k, transpose_rhs=transpose_rhs)
+    out, _ = require_replicated(call, "te_async.grouped_gemm", OPERANDS)(lhs, rhs, group_sizes)
+    return out
+
+
 def grouped_gemm(
     lhs: jax.Array,
     rhs: jax.Array,
@@ -60,22 +80,24 @@ def grouped_gemm(
     ragged="k": out[g] = lhs[rows_g].T @ rhs[rows_g] (wgrad); an empty group gives zeros.
     Accumulates in float32 whatever the input dtype.
 
-    group_sizes_mode: "sync" reads the sizes to the host inside the call (TE's default);
-    "async" uses `host_group_sizes` (or makes one) and waits only on its copy's event.
-    `use_async_d2h_group_sizes=True` is TE's spelling of "async". Under vmap the call runs
-    sequentially, one GEMM per batch element.
+    group_sizes_mode: "device" reads the sizes on the GPU: no copy, no host wait, CUDA-graph safe;
+    it is the default wherever it has a fast kernel for the shape (decode sizes; see
+    _ffi.device_mode_is_fast), and "async" is the default elsewhere. There a negative size counts as 0 and a sum past M is cut at M (set
+    TE_ASYNC_CHECK_DEVICE_SIZES=1 to raise instead, as the other modes do). "sync" reads the sizes
+    to the host inside the call (TE's behaviour); "async" uses `host_group_sizes` (or makes one)
+    and waits only on its copy's event; `use_async_d2h_group_sizes=True` is TE's spelling of it.
+    Under vmap the call runs sequentially, one GEMM per batch element.
     """
     lhs, rhs, group_sizes = jnp.asarray(lhs), jnp.asarray(rhs), jnp.asarray(group_sizes)
     out_type = grouped_gemm_output(
         lhs, rhs, group_sizes, ragged=ragged, transpose_rhs=transpose_rhs, preferred_element_type=preferred_element_type
     )
-    mode = resolve_group_sizes_mode(group_sizes_mode, use_async_d2h_group_sizes, host_group_sizes)
+    (m, k), n = lhs.shape, out_type.shape[-1]
+    fast = _ffi.device_mode_is_fast(group_sizes.shape[0], m, k, n, jnp.dtype(lhs.dtype).name)
+    mode = resolve_group_sizes_mode(group_sizes_mode, use_async_d2h_group_sizes, host_group_sizes, fast)
+    if mode == "device":
+        return _device_grouped_gemm(lhs, rhs, group_sizes, out_type, ragged == "k", bool(transpose_rhs))
     sizes = host_sizes_operand(group_sizes, mode, host_group_sizes)
-    return jax.ffi.ffi_call(_ffi.GROUPED_GEMM, out_type, vmap_method="sequential")(
-        lhs,
-        rhs,
-        sizes,
-        ragged_k=ragged == "k",
-        transpose_rhs=bool(transpose_rhs),
-        async_host_sizes=mode == "async",
-    )
+    call = jax.ffi.ffi_call(_ffi.GROUPED_GEMM, out_type, vmap_method="sequential")
+    call = functools.partial(call, ragged_k=ragged == "k", transpose_rhs=bool(transpose_rhs), async_host_sizes=mode == "async")
+    return require_replicated(call, "te_async.grouped_gemm", OPERANDS)(lhs, rhs, sizes)

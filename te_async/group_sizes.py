@@ -1,9 +1,10 @@
-"""copy_group_sizes and the HostGroupSizes handle: group sizes sent to the host ahead of time.
+"""Group-sizes modes, copy_group_sizes and the HostGroupSizes handle.
 
 A host-sized grouped GEMM must know the group sizes on the host. Reading them inside each GEMM
 (TE's behaviour, mode "sync") stalls the host until the GPU drains. copy_group_sizes instead
 enqueues the device-to-host copy early, into a pinned slot, and records a CUDA event; GEMMs that
-take the handle wait for that event only (mode "async").
+take the handle wait for that event only (mode "async"). Mode "device", the default, never copies:
+its kernels read the sizes on the GPU, so the call can sit inside a CUDA graph.
 """
 
 from typing import NamedTuple, Optional
@@ -13,7 +14,7 @@ import jax.numpy as jnp
 
 from . import _ffi
 
-GROUP_SIZES_MODES = ("sync", "async")
+GROUP_SIZES_MODES = ("sync", "async", "device")
 
 
 class HostGroupSizes(NamedTuple):
@@ -56,10 +57,17 @@ def resolve_group_sizes_mode(
     group_sizes_mode: Optional[str],
     use_async_d2h_group_sizes: bool,
     host_group_sizes: Optional[HostGroupSizes],
+    device_is_fast: bool = True,
 ) -> str:
-    """One mode from the explicit name, or from TE's spelling `use_async_d2h_group_sizes`."""
+    """One mode from the explicit name, or from TE's spelling `use_async_d2h_group_sizes`.
+
+    With neither: "device" where it has a fast kernel for the shape (`device_is_fast`, see
+    _ffi.device_mode_is_fast), else "async", the fastest host-sized mode.
+    """
     if group_sizes_mode is None:
-        return "async" if use_async_d2h_group_sizes or host_group_sizes is not None else "sync"
+        if use_async_d2h_group_sizes or host_group_sizes is not None or not device_is_fast:
+            return "async"
+        return "device"
     if group_sizes_mode not in GROUP_SIZES_MODES:
         raise ValueError(f"group_sizes_mode must be one of {GROUP_SIZES_MODES} or None, got {group_sizes_mode!r}")
     if host_group_sizes is not None and group_sizes_mode != "async":

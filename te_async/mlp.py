@@ -3,7 +3,10 @@ group-sizes copy themselves (the reviewer's request in TE PR #2213).
 
 y = fc2(act(fc1(norm(x)))) per group of rows, with grouped_gemm for fc1 and fc2.
 
-Copies and host waits per layer (async mode, the default):
+Device mode (the default at decode sizes): 0 copies and 0 host waits, forward and backward; the
+six GEMMs read group_sizes on the GPU, so the whole layer can live in one CUDA graph.
+
+Copies and host waits per layer in async mode:
   forward:  1 copy_group_sizes (0 when the caller passes host_group_sizes), 2 GEMMs that each
             wait on that copy's event; 0 stream synchronisations.
   backward: 1 copy_group_sizes issued at the start of the backward, 4 GEMMs (dgrad and wgrad of
@@ -25,8 +28,10 @@ from typing import NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 
+from . import _ffi
 from .gemm import grouped_gemm
 from .group_sizes import HostGroupSizes, check_group_sizes, copy_group_sizes, resolve_group_sizes_mode
+from .sharding import check_unsharded
 
 logger = logging.getLogger("te_async")
 
@@ -148,7 +153,7 @@ def grouped_mlp(
     eps: float = 1e-6,
     activation: str = "swiglu",
     group_sizes_mode: Optional[str] = None,
-    use_async_d2h_group_sizes: bool = True,
+    use_async_d2h_group_sizes: bool = False,
     host_group_sizes: Optional[HostGroupSizes] = None,
 ) -> jax.Array:
     """GroupedLayerNormMLP: y[rows_g] = fc2_g(act(fc1_g(norm(x[rows_g])))), differentiable.
@@ -156,11 +161,18 @@ def grouped_mlp(
     x [M,H]; w_fc1 [G,H,2F] for gated activations (swiglu, geglu: [gate | linear]) or [G,H,F]
     (silu, gelu, relu); w_fc2 [G,F,H]. Rows past sum(group_sizes) give zeros. Gradients flow to
     x, norm_scale, norm_bias, w_fc1 and w_fc2. Pass `host_group_sizes` made by copy_group_sizes
-    right after routing to start the copy before the token permutation.
+    right after routing to start the copy before the token permutation (async mode).
+
+    group_sizes_mode: None means "device" where it has a fast kernel for these shapes (always at
+    decode sizes, M <= 512 rows) unless `use_async_d2h_group_sizes` or `host_group_sizes` asks for
+    "async", which is also the default elsewhere; see grouped_gemm for the modes. The mode that runs is
+    logged at debug level on the "te_async" logger.
     """
     x, group_sizes = jnp.asarray(x), jnp.asarray(group_sizes)
     _check(x, group_sizes, w_fc1, w_fc2, norm_scale, norm_bias, norm, activation)
-    mode = resolve_group_sizes_mode(group_sizes_mode, use_async_d2h_group_sizes, host_group_sizes)
+    check_unsharded("te_async.grouped_mlp", x=x, group_sizes=group_sizes, w_fc1=w_fc1, w_fc2=w_fc2)
+    fast = _ffi.device_mode_is_fast(group_sizes.shape[0], x.shape[0], x.shape[1], w_fc1.shape[2], jnp.dtype(x.dtype).name)
+    mode = resolve_group_sizes_mode(group_sizes_mode, use_async_d2h_group_sizes, host_group_sizes, fast)
     logger.debug("grouped_mlp: group_sizes_mode=%s G=%d M=%d", mode, group_sizes.shape[0], x.shape[0])
     cfg = _Config(norm, float(eps), activation, mode)
     return _grouped_mlp(cfg, x, group_sizes, w_fc1, w_fc2, norm_scale, norm_bias, host_group_sizes)

@@ -10,6 +10,7 @@ from typing import NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 
+from . import _ffi
 from .group_sizes import copy_group_sizes, resolve_group_sizes_mode
 from .mlp import grouped_mlp
 
@@ -59,7 +60,7 @@ def moe_block(
     norm: Optional[str] = "rmsnorm",
     activation: str = "swiglu",
     group_sizes_mode: Optional[str] = None,
-    use_async_d2h_group_sizes: bool = True,
+    use_async_d2h_group_sizes: bool = False,
     early_copy: bool = True,
 ) -> jax.Array:
     """y = sum_k w_k * expert_k(norm(x)) for x [T, H]; router [H, E]; expert weights as grouped_mlp.
@@ -69,7 +70,9 @@ def moe_block(
     """
     routing = route_top_k(x, router, top_k)
     dispatch = plan_dispatch(routing.experts, router.shape[1])
-    mode = resolve_group_sizes_mode(group_sizes_mode, use_async_d2h_group_sizes, None)
+    rows, fc1_n = x.shape[0] * top_k, w_fc1.shape[2]
+    fast = _ffi.device_mode_is_fast(router.shape[1], rows, x.shape[1], fc1_n, jnp.dtype(x.dtype).name)
+    mode = resolve_group_sizes_mode(group_sizes_mode, use_async_d2h_group_sizes, None, fast)
     handle = None
     if mode == "async" and early_copy:
         handle = copy_group_sizes(dispatch.group_sizes)

@@ -4,6 +4,7 @@ import jax
 import numpy as np
 import pytest
 
+jax.config.update("jax_num_cpu_devices", 4)  # expert-parallel tests shard over CPU devices; set before backends start
 jax.config.update("jax_enable_x64", True)  # for the float64 references; te_async is explicit about dtypes
 
 

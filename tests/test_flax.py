@@ -1,13 +1,11 @@
 """te_async.flax.GroupedLayerNormMLP: parameters, dtypes, sharding names and gradients."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 nnx = pytest.importorskip("flax.nnx")
 
-import te_async  # noqa: E402
 from reference import mlp_reference, random_group_sizes, rel_error  # noqa: E402
 from te_async.flax import GroupedLayerNormMLP  # noqa: E402
 

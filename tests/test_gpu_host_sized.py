@@ -1,4 +1,5 @@
-"""The CUDA host-sized grouped GEMM (sync and async) on the GPU. Skipped without a GPU.
+"""The CUDA host-sized grouped GEMM (sync and async) on the GPU, and grouped_mlp in every mode.
+Skipped without a GPU.
 
 tools/gpu_check.sh runs these with TE_ASYNC_POISON_OUTPUTS=1 (outputs start as NaN, so an
 unwritten row fails) and TE_ASYNC_VERIFY_HOST_SIZES=1 (every pinned read is checked against a
@@ -88,7 +89,7 @@ def test_sync_mode_reads_once_per_gemm(rng):
     assert after["sync_reads"] - before["sync_reads"] == 1 and after["copies"] == before["copies"]
 
 
-@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("mode", te_async.GROUP_SIZES_MODES)
 @pytest.mark.parametrize("norm,activation", [("rmsnorm", "swiglu"), ("layernorm", "geglu"), (None, "gelu"), ("rmsnorm", "relu")])
 def test_grouped_mlp_bf16(rng, mode, norm, activation):
     """bf16 tolerance: x, h and the activation are each rounded to bf16 (2^-8 relative) once, and

@@ -28,7 +28,7 @@ FORMS = [("m", False), ("m", True), ("k", False)]
 
 @pytest.mark.parametrize("ragged,transpose_rhs", FORMS)
 @pytest.mark.parametrize("kind", SIZE_KINDS)
-@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("mode", te_async.GROUP_SIZES_MODES)
 def test_forms_match_float64(rng, ragged, transpose_rhs, kind, mode):
     groups, rows, k, n = int(rng.integers(1, 9)), int(rng.integers(1, 70)), int(rng.integers(1, 40)), int(rng.integers(1, 40))
     sizes = random_group_sizes(rng, groups, rows, kind)
@@ -134,10 +134,74 @@ def test_bad_shapes_and_dtypes_raise_before_lowering(overrides, error, match):
 @pytest.mark.parametrize(
     "sizes,match", [([2, -1, 4], "negative group size -1 for group 1"), ([2, 3, 6], r"sum\(group_sizes\) = 11 exceeds the 10 rows")]
 )
-@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("mode", ["sync", "async"])  # device mode clamps instead: see below
 def test_bad_size_values_raise_from_the_handler(sizes, match, mode):
     with pytest.raises(Exception, match=match):
         _gemm_call(group_sizes=jnp.array(sizes, jnp.int32), group_sizes_mode=mode)()
+
+
+def test_default_mode_is_device():
+    lhs, rhs, gs = jnp.ones((10, 4), jnp.float32), jnp.ones((3, 4, 5), jnp.float32), jnp.array([2, 3, 4], jnp.int32)
+    text = jax.jit(te_async.grouped_gemm).lower(lhs, rhs, gs).as_text()
+    assert "te_async_grouped_gemm_device" in text and "te_async_copy_group_sizes" not in text
+
+
+def test_default_mode_needs_a_fast_device_kernel():
+    from te_async.group_sizes import resolve_group_sizes_mode
+
+    assert resolve_group_sizes_mode(None, False, None, device_is_fast=True) == "device"
+    assert resolve_group_sizes_mode(None, False, None, device_is_fast=False) == "async"
+    assert resolve_group_sizes_mode(None, True, None, device_is_fast=True) == "async"
+    assert resolve_group_sizes_mode("device", False, None, device_is_fast=False) == "device"
+
+
+@pytest.mark.parametrize("ragged,transpose_rhs", FORMS)
+def test_device_mode_clamps_bad_sizes(rng, ragged, transpose_rhs):
+    """Graph-safe kernels cannot raise: a negative size counts as 0, a sum past M is cut at M."""
+    groups, rows, k, n = 5, 30, 7, 9
+    sizes = np.array([4, -3, 20, 0, 11], np.int32)  # clamped: 4, 0, 20, 0, 6
+    lhs, rhs = operands(rng, jnp.float32, groups, rows, k, n, ragged, transpose_rhs)
+    out = te_async.grouped_gemm(lhs, rhs, jnp.asarray(sizes), ragged=ragged, transpose_rhs=transpose_rhs, group_sizes_mode="device")
+    ref = grouped_gemm_reference(lhs, rhs, np.array([4, 0, 20, 0, 6]), ragged, transpose_rhs)
+    assert rel_error(out, ref) < TOL[jnp.float32]
+
+
+def test_checked_device_mode_raises(tmp_path):
+    """TE_ASYNC_CHECK_DEVICE_SIZES=1 turns the clamping into the host modes' errors (read once per
+    process, hence the subprocess)."""
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import jax.numpy as jnp, te_async\n"
+        "te_async.grouped_gemm(jnp.ones((10, 4)), jnp.ones((3, 4, 5)), jnp.array([2, -1, 4], jnp.int32), group_sizes_mode='device').block_until_ready()\n"
+    )
+    env = dict(os.environ, TE_ASYNC_CHECK_DEVICE_SIZES="1", JAX_PLATFORMS="cpu")
+    run = subprocess.run([sys.executable, "-P", "-c", script], env=env, capture_output=True, text=True, cwd=tmp_path)
+    assert run.returncode != 0 and "negative group size -1 for group 1" in run.stderr, run.stderr[-2000:]
+
+
+@pytest.mark.parametrize(
+    "shape,cc,cutlass,expected",
+    [
+        (dict(rows=6, k=2048, n=2816), 90, True, "small_groups"),  # decode, T=1, top-6
+        (dict(rows=512, k=2048, n=2816), 90, True, "small_groups"),
+        (dict(rows=513, k=2048, n=2816), 90, True, "cutlass_sm90"),
+        (dict(rows=24576, k=2048, n=2816), 90, True, "cutlass_sm90"),  # prefill
+        (dict(rows=24576, k=2048, n=2816), 90, False, "portable"),  # CUTLASS not built
+        (dict(rows=24576, k=2048, n=2816), 80, True, "portable"),  # not Hopper
+        (dict(rows=24576, k=2048, n=2820), 90, True, "portable"),  # N not a multiple of 8
+        (dict(rows=24576, k=2048, n=2816, in_dtype="float32", out_dtype="float32"), 90, True, "portable"),
+        (dict(rows=24576, k=2048, n=2816, out_dtype="float32"), 90, True, "portable"),  # f32 output
+        (dict(rows=6, k=2048, n=2816, ragged_k=True), 90, True, "cutlass_sm90"),  # wgrad is never small
+        (dict(rows=6, k=2048, n=2816, ragged_k=True), 86, True, "portable"),
+    ],
+)
+def test_device_kernel_choice(shape, cc, cutlass, expected):
+    args = dict(groups=64, ragged_k=False, transpose_rhs=False, in_dtype="bfloat16", out_dtype="bfloat16")
+    args.update(shape)
+    assert te_async._ffi.device_kernel_choice(**args, compute_capability=cc, cutlass_built=cutlass) == expected
 
 
 def test_too_many_groups():

@@ -124,7 +124,7 @@ def test_group_sizes_get_no_gradient(rng):
 def test_async_mode_issues_one_copy_forward_and_one_backward(rng):
     sizes, a = make_inputs(rng, groups=3, rows=12, hidden=4, ffn=4, activation="swiglu", norm="rmsnorm")
     gs = jnp.asarray(sizes)
-    f = lambda x, w1, w2: jnp.sum(te_async.grouped_mlp(x, gs, w1, w2) ** 2)  # the backward needs y
+    f = lambda x, w1, w2: jnp.sum(te_async.grouped_mlp(x, gs, w1, w2, group_sizes_mode="async") ** 2)  # the backward needs y
     fwd = jax.jit(f).lower(a["x"], a["w_fc1"], a["w_fc2"]).as_text()
     assert fwd.count("te_async_copy_group_sizes") == 1 and fwd.count("te_async_grouped_gemm") == 2
     both = jax.jit(jax.grad(f, argnums=(0, 1, 2))).lower(a["x"], a["w_fc1"], a["w_fc2"]).as_text()
@@ -134,6 +134,16 @@ def test_async_mode_issues_one_copy_forward_and_one_backward(rng):
     assert text.count("te_async_copy_group_sizes") == 1
     sync = jax.jit(lambda x, w1, w2: te_async.grouped_mlp(x, gs, w1, w2, group_sizes_mode="sync")).lower(a["x"], a["w_fc1"], a["w_fc2"]).as_text()
     assert "te_async_copy_group_sizes" not in sync
+
+
+def test_device_mode_is_the_default_and_copies_nothing(rng, caplog):
+    sizes, a = make_inputs(rng, groups=3, rows=12, hidden=4, ffn=4, activation="swiglu", norm="rmsnorm")
+    gs = jnp.asarray(sizes)
+    f = lambda x, w1, w2: jnp.sum(te_async.grouped_mlp(x, gs, w1, w2) ** 2)
+    with caplog.at_level("DEBUG", logger="te_async"):
+        both = jax.jit(jax.grad(f, argnums=(0, 1, 2))).lower(a["x"], a["w_fc1"], a["w_fc2"]).as_text()
+    assert "te_async_copy_group_sizes" not in both and both.count("te_async_grouped_gemm_device") == 6
+    assert "group_sizes_mode=device" in caplog.text
 
 
 @pytest.mark.parametrize(

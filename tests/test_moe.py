@@ -11,6 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import te_async
+
 from reference import mlp_reference, rel_error
 from te_async.moe import moe_block, route_top_k
 
@@ -25,7 +27,7 @@ def moe_params(rng, experts, hidden, ffn):
     )
 
 
-@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("mode", te_async.GROUP_SIZES_MODES)
 def test_moe_block_matches_dense_float64(rng, mode):
     tokens, experts, hidden, ffn, top_k = 37, 8, 16, 12, 3
     p = moe_params(rng, experts, hidden, ffn)
@@ -43,7 +45,7 @@ def test_moe_block_matches_dense_float64(rng, mode):
     assert rel_error(y, ref) < 1e-5
 
 
-@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("mode", te_async.GROUP_SIZES_MODES)
 def test_training_loss_falls_over_20_steps(rng, mode):
     tokens, experts, hidden, ffn, top_k = 64, 8, 32, 32, 2
     p = moe_params(rng, experts, hidden, ffn)
@@ -72,4 +74,4 @@ def test_example_runs():
     cmd = [sys.executable, str(ROOT / "examples" / "moe_decode.py"), "--steps", "2"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.strip().endswith("ok") and "mode async" in out.stdout
+    assert out.stdout.strip().endswith("ok") and "mode device" in out.stdout

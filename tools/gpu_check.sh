@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Builds te_async on the GPU machine (no registry access: the image's jax, nanobind and
 # scikit-build-core build it), runs the GPU tests and the benchmarks, and writes logs and
-# results under $OUT. Usage: tools/gpu_check.sh [stage ...], stages: build test example
-# layer prefill decode stall (default: build test example layer prefill). Python runs with -P
-# so that the installed package, not the source folder, is imported.
+# results under $OUT. Usage: tools/gpu_check.sh [stage ...], stages: build test sanitize example
+# layer prefill decode-gemm decode stall ep (default: build test example layer prefill). Python runs
+# with -P so that the installed package, not the source folder, is imported. WITH_CUTLASS=1 also
+# builds the experimental CUTLASS kernel, its headers from an nvidia-cutlass wheel carried in .whl/
+# (the machine has no registry access).
 set -uo pipefail
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
@@ -25,17 +27,49 @@ for stage in $stages; do
     build)
       nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
       python3 -c "import jax; print('jax', jax.__version__, jax.devices())" | tee -a "$OUT/gpu.txt"
-      run build python3 -m pip install --no-build-isolation --no-deps -v . ;;
+      # PREBUILT=<wheel>: a wheel an earlier call built from the same C++ sources (it comes back
+      # in $OUT/gpubuild/ and can be carried), installed instead of compiling CUTLASS again; the
+      # Python files are then taken from this tree.
+      if [ -n "${PREBUILT:-}" ]; then
+        run build python3 -m pip install --no-deps --force-reinstall "$PREBUILT"
+        site=$(cd / && python3 -c "import te_async, os; print(os.path.dirname(te_async.__file__))")
+        cp te_async/*.py "$site/" && cp te_async/bench/*.py "$site/bench/"
+      else
+        # WITH_CUTLASS=1 builds the experimental CUTLASS kernel from a wheel carried in .whl/.
+        cmake_defs=()
+        wheel=$(ls .whl/nvidia_cutlass-*.whl 2>/dev/null | head -n 1)
+        if [ "${WITH_CUTLASS:-0}" = 1 ] && [ -n "$wheel" ]; then
+          python3 -c "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall('/tmp/cutlass')" "$wheel"
+          export CUTLASS_INCLUDE_DIR=/tmp/cutlass/cutlass_library/source/include
+          cmake_defs=(--config-settings=cmake.define.TE_ASYNC_WITH_CUTLASS=ON)
+        fi
+        mkdir -p "$OUT/gpubuild"
+        run build env CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) python3 -m pip wheel --no-build-isolation --no-deps -v \
+          "${cmake_defs[@]}" -w "$OUT/gpubuild" .
+        python3 -m pip install --no-deps --force-reinstall "$OUT/gpubuild"/te_async-*.whl >>"$OUT/build.log" 2>&1
+        grep -E "CUTLASS|Building the CUDA" "$OUT/build.log" | tee -a "$OUT/summary.log"
+      fi
+      (cd / && python3 -c "import te_async; print('installed', te_async.__file__, 'cutlass', te_async._ffi._te_async_cuda.CUTLASS_BUILT)") | tee -a "$OUT/summary.log" ;;
     test)
       # Outputs start as NaN and every pinned read is cross-checked: see tests/test_gpu_host_sized.py.
       run test env TE_ASYNC_POISON_OUTPUTS=1 TE_ASYNC_VERIFY_HOST_SIZES=1 \
-        python3 -P -m pytest -q -rs -p no:cacheprovider --rootdir=. tests/ ${PYTEST_ARGS:-}
-      tail -n 3 "$OUT/test.log" ;;
+        python3 -P -m pytest -v --tb=short -rs -p no:cacheprovider --rootdir=. ${PYTEST_ARGS:-tests/}
+      grep -E "FAILED|ERROR|passed|failed" "$OUT/test.log" | tail -n 40 ;;
+    sanitize)
+      # memcheck on the device-mode kernels; one cudaMalloc per buffer, so an overrun leaves it.
+      run sanitize env XLA_PYTHON_CLIENT_ALLOCATOR=platform compute-sanitizer --tool memcheck --error-exitcode 99 \
+        python3 -P -m pytest -q -p no:cacheprovider --rootdir=. tests/test_gpu_device_mode.py \
+        -k "odd_widths or clamped or prefill_like or (test_cutlass_kernel and 64)"
+      tail -n 5 "$OUT/sanitize.log" ;;
     example) run example python3 examples/moe_decode.py --steps 20; tail -n 5 "$OUT/example.log" ;;
     layer) run layer python3 -P -m te_async.bench layer --out "$OUT"; cat "$OUT/layer.md" ;;
     prefill) run prefill python3 -P -m te_async.bench prefill --out "$OUT"; cat "$OUT/prefill.md" ;;
+    decode-gemm) run decode_gemm python3 -P -m te_async.bench decode-gemm --out "$OUT" ${DECODE_GEMM_ARGS:-}; cat "$OUT/decode_gemm.md" ;;
     decode) run decode python3 -P -m te_async.bench decode --out "$OUT" ${DECODE_ARGS:-}; cat "$OUT/decode.md" ;;
     stall) OUT=$OUT run stall python3 repro/stall/run_all.py; tail -n 30 "$OUT/stall.log" ;;
+    ep)  # needs 2 GPUs (kind nvidia-h200-x2)
+      run ep_test python3 -P -m pytest -q -rs -p no:cacheprovider --rootdir=. tests/test_expert_parallel.py tests/test_sharding.py
+      run ep python3 -P -m te_async.bench ep --out "$OUT" ${EP_ARGS:-}; cat "$OUT/ep.md" ;;
     *) echo "unknown stage $stage"; status=1 ;;
   esac
 done

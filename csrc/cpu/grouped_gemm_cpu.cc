@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "cpu/handlers.h"
+#include "debug_flags.h"
 #include "grouped_gemm_args.h"
 
 namespace te_async {
@@ -97,6 +98,15 @@ void RaggedK(const GroupedGemmShape& s, const std::vector<int64_t>& off, const s
   }
 }
 
+ffi::Error Run(const GroupedGemmShape& s, const std::vector<int64_t>& off, const ffi::AnyBuffer& lhs,
+               const ffi::AnyBuffer& rhs, ffi::AnyBuffer out) {
+  std::vector<double> acc(out.element_count(), 0.0);
+  (s.ragged_k ? RaggedK : RaggedM)(s, off, LoadAsFloat(lhs), LoadAsFloat(rhs), acc);
+  StoreFromDouble(acc, out);
+  return ffi::Error::Success();
+}
+
+// Host-sized modes: the sizes are checked and a bad one is an error.
 ffi::Error GroupedGemmCpu(ffi::AnyBuffer lhs, ffi::AnyBuffer rhs, ffi::AnyBuffer group_sizes,
                           ffi::Result<ffi::AnyBuffer> out, bool ragged_k, bool transpose_rhs,
                           bool /*async_host_sizes: on the CPU the sizes are always on the host*/) {
@@ -104,15 +114,28 @@ ffi::Error GroupedGemmCpu(ffi::AnyBuffer lhs, ffi::AnyBuffer rhs, ffi::AnyBuffer
   if (shape.has_error()) return shape.error();
   const auto* sizes = static_cast<const int32_t*>(group_sizes.untyped_data());
   if (ffi::Error e = CheckGroupSizeValues(sizes, shape->groups, shape->rows); e.failure()) return e;
-  const std::vector<int64_t> off = GroupOffsets(sizes, shape->groups);
-  std::vector<double> acc(out->element_count(), 0.0);
-  (ragged_k ? RaggedK : RaggedM)(*shape, off, LoadAsFloat(lhs), LoadAsFloat(rhs), acc);
-  StoreFromDouble(acc, *out);
-  return ffi::Error::Success();
+  return Run(*shape, GroupOffsets(sizes, shape->groups), lhs, rhs, *out);
+}
+
+// Device mode: the sizes are clamped as the GPU kernels clamp them (TE_ASYNC_CHECK_DEVICE_SIZES=1
+// checks them instead). The CPU needs no workspace; the result is there to match the signature.
+ffi::Error GroupedGemmDeviceCpu(ffi::AnyBuffer lhs, ffi::AnyBuffer rhs, ffi::AnyBuffer group_sizes,
+                                ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> /*workspace*/,
+                                bool ragged_k, bool transpose_rhs) {
+  auto shape = CheckGroupedGemm(lhs, rhs, group_sizes, *out, ragged_k, transpose_rhs);
+  if (shape.has_error()) return shape.error();
+  const auto* sizes = static_cast<const int32_t*>(group_sizes.untyped_data());
+  if (CheckDeviceSizes()) {
+    if (ffi::Error e = CheckGroupSizeValues(sizes, shape->groups, shape->rows); e.failure()) return e;
+  }
+  return Run(*shape, ClampedGroupOffsets(sizes, shape->groups, shape->rows), lhs, rhs, *out);
 }
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kGroupedGemmCpu, GroupedGemmCpu, BindGroupedGemm(ffi::Ffi::Bind()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kGroupedGemmCpu, GroupedGemmCpu,
+                              BindGemmForm(BindGroupedGemm(ffi::Ffi::Bind())).Attr<bool>("async_host_sizes"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kGroupedGemmDeviceCpu, GroupedGemmDeviceCpu,
+                              BindGemmForm(BindGroupedGemm(ffi::Ffi::Bind()).Ret<ffi::AnyBuffer>()));
 
 }  // namespace te_async

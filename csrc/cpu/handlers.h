@@ -7,5 +7,6 @@ namespace te_async {
 
 XLA_FFI_DECLARE_HANDLER_SYMBOL(kCopyGroupSizesCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(kGroupedGemmCpu);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(kGroupedGemmDeviceCpu);
 
 }  // namespace te_async

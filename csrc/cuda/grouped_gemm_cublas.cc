@@ -8,7 +8,7 @@
 
 #include "cuda/cublas_loader.h"
 #include "cuda/cuda_check.h"
-#include "cuda/debug_flags.h"
+#include "debug_flags.h"
 #include "cuda/handlers.h"
 #include "cuda/host_size_slots.h"
 #include "cuda/stream_pool.h"
@@ -123,8 +123,9 @@ ffi::Error GroupedGemmCuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer l
 
 // Not command-buffer compatible: the group sizes decide, on the host, which GEMMs to launch.
 XLA_FFI_DEFINE_HANDLER_SYMBOL(kGroupedGemmCuda, GroupedGemmCuda,
-                              BindGroupedGemm(ffi::Ffi::Bind()
-                                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                                  .Ctx<ffi::DeviceOrdinal>()));
+                              BindGemmForm(BindGroupedGemm(ffi::Ffi::Bind()
+                                                               .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                                               .Ctx<ffi::DeviceOrdinal>()))
+                                  .Attr<bool>("async_host_sizes"));
 
 }  // namespace te_async

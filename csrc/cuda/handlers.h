@@ -7,5 +7,6 @@ namespace te_async {
 
 XLA_FFI_DECLARE_HANDLER_SYMBOL(kCopyGroupSizesCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(kGroupedGemmCuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(kGroupedGemmDeviceCuda);
 
 }  // namespace te_async

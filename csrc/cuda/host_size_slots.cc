@@ -4,7 +4,7 @@
 #include <string>
 
 #include "cuda/cuda_check.h"
-#include "cuda/debug_flags.h"
+#include "debug_flags.h"
 #include "cuda/per_device.h"
 #include "grouped_gemm_args.h"
 

@@ -1,8 +1,16 @@
 // The CUDA extension: a registrations() dict of FFI handler capsules, the host-size counters,
 // and release() for interpreter exit.
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+
+#include <stdexcept>
+#include <string>
+#include <tuple>
 
 #include "ffi_capsule.h"
+#include "cuda/cutlass_grouped_gemm.h"
+#include "cuda/device_gemm.h"
 #include "cuda/handlers.h"
 #include "cuda/host_size_slots.h"
 #include "cuda/stream_pool.h"
@@ -14,6 +22,7 @@ NB_MODULE(_te_async_cuda, m) {
     nb::dict d;
     d["te_async_copy_group_sizes"] = te_async::EncapsulateFfiHandler(te_async::kCopyGroupSizesCuda);
     d["te_async_grouped_gemm"] = te_async::EncapsulateFfiHandler(te_async::kGroupedGemmCuda);
+    d["te_async_grouped_gemm_device"] = te_async::EncapsulateFfiHandler(te_async::kGroupedGemmDeviceCuda);
     return d;
   });
   m.def("host_size_stats", [](int device) {
@@ -25,6 +34,29 @@ NB_MODULE(_te_async_cuda, m) {
     d["fallback_reads"] = s.fallback_reads;
     return d;
   });
+  // What a device-mode call of this static shape will run on `device` (the kernel, or for
+  // CUTLASS its config, e.g. "cutlass_sm90_coop_128x256x64_c1x2"), and the workspace it needs.
+  m.def(
+      "device_plan",
+      [](int64_t groups, int64_t rows, int64_t k, int64_t n, bool ragged_k, bool transpose_rhs,
+         const std::string& in_dtype, const std::string& out_dtype, int device) {
+        te_async::DeviceInfo info;
+        if (xla::ffi::Error e = te_async::QueryDevice(device, &info); e.failure()) {
+          throw std::runtime_error(e.message());
+        }
+        const te_async::GroupedGemmShape s =
+            te_async::ShapeFromStatic(groups, rows, k, n, ragged_k, transpose_rhs, in_dtype, out_dtype);
+        const te_async::DeviceKernel kernel =
+            te_async::ChooseDeviceKernel(s, info.compute_capability, te_async::CutlassBuilt());
+        std::string name = te_async::DeviceKernelName(kernel);
+#ifdef TE_ASYNC_HAVE_CUTLASS
+        if (kernel == te_async::DeviceKernel::kCutlassSm90) name = te_async::CutlassSm90ConfigName(s);
+#endif
+        return std::make_tuple(name, te_async::DeviceWorkspaceBytes(s, kernel, info.sm_count));
+      },
+      nb::arg("groups"), nb::arg("rows"), nb::arg("k"), nb::arg("n"), nb::arg("ragged_k"), nb::arg("transpose_rhs"),
+      nb::arg("in_dtype"), nb::arg("out_dtype"), nb::arg("device"));
+  m.attr("CUTLASS_BUILT") = te_async::CutlassBuilt();
   m.def("release", []() {
     te_async::StreamPool::ReleaseAll();
     te_async::HostSizeSlots::ReleaseAll();

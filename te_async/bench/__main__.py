@@ -1,4 +1,4 @@
-"""python -m te_async.bench {prefill,layer,decode} [options]: run one benchmark, write JSON
+"""python -m te_async.bench {prefill,layer,decode,decode-gemm,ep} [options]: run one benchmark, write JSON
 (and markdown, plots where the benchmark makes them) under --out, print a table."""
 
 import argparse
@@ -10,6 +10,8 @@ BENCHMARKS = {
     "prefill": "te_async.bench.prefill",  # seed 000's grouped GEMMs, TFLOP/s per mode
     "layer": "te_async.bench.layer",  # one MoE layer forward, async against sync
     "decode": "te_async.bench.decode",  # the L-layer decode step and its bubble
+    "decode-gemm": "te_async.bench.decode_gemm",  # decode-size expert GEMMs against the weight-read floor
+    "ep": "te_async.bench.ep",  # the expert-parallel MoE block on N devices against one
 }
 
 

@@ -6,12 +6,10 @@ after routing (te_async.moe's early copy); "async_late" lets grouped_mlp issue i
 permutation, to show what issuing it early buys.
 """
 
-import functools
 import math
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from .. import host_size_stats
 from ..moe import moe_block

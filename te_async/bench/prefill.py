@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import GROUP_SIZES_MODES, grouped_gemm
+from .. import GROUP_SIZES_MODES, _ffi, grouped_gemm
 from . import timing
 
 EXPERTS, HIDDEN, FFN, TOP_K, SEQLEN = 64, 2048, 1408, 6, 4096
@@ -72,6 +72,8 @@ def run(args) -> dict:
                 if args.contenders and name not in args.contenders:
                     continue
                 row = {"gemm": gemm, "split": split, "contender": name, "m": rows, "k": k, "n": n}
+                if name == "te_async_device":
+                    row["kernel"] = _ffi.device_plan(EXPERTS, rows, k, n, False, False, *[jnp.dtype(dtype).name] * 2)[0]
                 try:
                     f = jax.jit(fn)
                     reps = args.reps if name != "xla_ragged_dot" else max(5, args.reps // 6)  # ~25 ms per call
@@ -95,7 +97,8 @@ def run(args) -> dict:
 def _line(row) -> str:
     if "error" in row:
         return f"{row['gemm']} {row['split']:11s} {row['contender']:24s} error: {row['error'][:120]}"
-    return f"{row['gemm']} {row['split']:11s} {row['contender']:24s} {row['median_ms']:8.3f} ms {row['tflops']:7.1f} TFLOP/s"
+    return (f"{row['gemm']} {row['split']:11s} {row['contender']:24s} {row['median_ms']:8.3f} ms {row['tflops']:7.1f} TFLOP/s"
+            f" {row.get('kernel', '')}")
 
 
 def markdown(result) -> str:

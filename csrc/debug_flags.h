@@ -1,4 +1,4 @@
-// Debug switches read once from the environment, for the GPU tests.
+// Debug switches read once from the environment, for tests and for finding bad inputs.
 #pragma once
 
 #include <cstdlib>
@@ -22,6 +22,14 @@ inline bool PoisonOutputs() {
 // device snapshot, and fail the call on a mismatch. Slow; for tests.
 inline bool VerifyHostSizes() {
   static const bool on = EnvFlagIsOne("TE_ASYNC_VERIFY_HOST_SIZES");
+  return on;
+}
+
+// TE_ASYNC_CHECK_DEVICE_SIZES=1: device mode reads the group sizes synchronously and rejects a
+// negative size or a sum past M, as the host-sized modes do, instead of clamping them. The read
+// cannot be captured into a CUDA graph, so this needs XLA's command buffers off.
+inline bool CheckDeviceSizes() {
+  static const bool on = EnvFlagIsOne("TE_ASYNC_CHECK_DEVICE_SIZES");
   return on;
 }
 

@@ -1,0 +1,686 @@
+// Decode-stage grouped GEMM, ragged m: out[M,N] rows of group e = lhs rows of e @ W[e], with
+// rhs [G,K,N] (W[e] = rhs[e], forward) or [G,N,K] (W[e] = rhs[e]^T, dgrad). Chosen for M <= 512
+// (tokens x top-k), where nearly every group has 0-2 rows and the time is set by reading the
+// active experts' weights. Each active expert's weights are read from HBM once (a group with more
+// than kChunkRows rows re-reads them per row chunk, from L2, at about the same time); an inactive
+// expert's weights are never touched. f32 accumulation in registers, one launch, no workspace,
+// no atomics, no host synchronisation.
+//
+// Exported rules (host side, LaunchSmallGroups):
+//   R (rows per work item)  = kChunkRows = 8, fixed. A group's rows are cut into chunks of up to 8;
+//                             each chunk runs a code path compiled for exactly its row count
+//                             (1..8), so no FMA is spent on padding rows.
+//   grid                    = min(2 * sm_count, blocks that can get an item), 256 threads/block,
+//                             persistent: a block (or warp, [G,N,K]) strides over items by the
+//                             number of blocks (warps). 2 blocks/SM is what __launch_bounds__
+//                             (<=128 registers) and the ~45 KB of static shared memory allow.
+//
+// Work items (both layouts). Every block computes, in shared memory, the clamped group offsets
+// (LoadGroupOffsets) and then chunk offsets: chunk counts ceil(rows_g / 8) for g < G plus one
+// pseudo group G = the rows past the clamped total (written as zeros), prefix-summed with the
+// same LoadGroupOffsets. With C = total chunks (active groups only: an empty group has none) and
+// T = column tiles, item i -> (tile = i / C, chunk c = i % C), chunk c -> group by binary search.
+// Consecutive items are the chunks of one column tile, so the row chunks of one group (which share
+// weights) run at the same time on neighbouring blocks and meet in L2, and the first wave spreads
+// the active experts over all SMs.
+//
+// [G,K,N] (forward), block item = 64 columns (16-bit; 32 for f32) x one row chunk x all of K:
+//   thread t: cx = t % 8 owns the 16-byte column vector n0 + 8*cx (one 128-byte line per k-row
+//   for the 8 threads of a row), ky = t / 8 owns k-rows k = ky (mod 32): K is split over the 32
+//   k-slices of the block (8 warps x 4). Per iteration a thread issues U independent 16-byte
+//   ld.global.nc.L1::no_allocate loads (U k-rows; U = 8 for <= 4 rows, 4 otherwise: 128 or 64
+//   bytes in flight per thread, 64 or 32 KB per SM) and then their FMAs; the loads of an
+//   iteration that restages activations are issued before its barrier. No explicit double
+//   buffering: with 16 resident warps per SM the other warps' loads cover one warp's FMAs, and
+//   the extra buffer pushed the 8-variant kernel past 128 registers into spills. The chunk's
+//   activation rows are staged once per 1024 k-rows into shared memory as f32 [k][8] (one or two
+//   broadcast LDS.128 per k-row, no per-use conversion).
+//   End: a 2-step shuffle reduce-scatter over the 4 k-slices of a warp, then a shared-memory sum
+//   over the 8 warps, then coalesced stores converted to the out dtype.
+// [G,N,K] (dgrad), warp item = 4 columns x one row chunk x all of K: lanes read along K (16-byte
+//   vectors, 512 contiguous bytes per warp and column; 2 k-vectors per column per iteration for
+//   <= 4 rows, 1 otherwise), activation vectors come from L1, and the 32 lanes' partial sums are
+//   reduced by a padded shared-memory transpose. Warps take items independently (no barriers).
+// Scalar paths (K or N not a multiple of the 16-byte vector, or misaligned pointers) use the same
+// mapping with element loads and bounds checks; they exist for correctness, not speed.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <climits>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+#include "cuda/cuda_check.h"
+#include "cuda/device_gemm.h"
+#include "cuda/group_layout.cuh"
+#include "grouped_gemm_args.h"
+
+namespace te_async {
+namespace {
+
+namespace ffi = xla::ffi;
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kChunkRows = 8;          // R
+constexpr int kStageK = 1024;          // k-rows of activations staged per pass ([G,K,N] kernel)
+constexpr int kBlocksPerSm = 2;
+constexpr int kMaxG = static_cast<int>(kMaxGroups);
+constexpr int kNkCols = 4;             // output columns per warp item ([G,N,K] kernel)
+constexpr int kNkLd = 33;              // padded row of the per-warp transpose buffer
+
+// ---- element helpers -----------------------------------------------------------------------
+
+template <typename T>
+struct Elem;
+template <>
+struct Elem<__nv_bfloat16> {
+  using Raw = unsigned short;
+  static constexpr int kVec = 8;  // elements per 16-byte vector
+};
+template <>
+struct Elem<__half> {
+  using Raw = unsigned short;
+  static constexpr int kVec = 8;
+};
+template <>
+struct Elem<float> {
+  using Raw = unsigned int;
+  static constexpr int kVec = 4;
+};
+
+template <typename T>
+__device__ __forceinline__ float RawToFloat(unsigned int r);
+template <>
+__device__ __forceinline__ float RawToFloat<__nv_bfloat16>(unsigned int r) {
+  return __uint_as_float(r << 16);
+}
+template <>
+__device__ __forceinline__ float RawToFloat<__half>(unsigned int r) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(r)));
+}
+template <>
+__device__ __forceinline__ float RawToFloat<float>(unsigned int r) {
+  return __uint_as_float(r);
+}
+
+// One element of a T array, as raw bits (read-only path).
+template <typename T>
+__device__ __forceinline__ unsigned int LoadRaw(const T* p) {
+  if constexpr (sizeof(T) == 2) {
+    return __ldg(reinterpret_cast<const unsigned short*>(p));
+  } else {
+    return __ldg(reinterpret_cast<const unsigned int*>(p));
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ float LoadFloat(const T* p) {
+  return RawToFloat<T>(LoadRaw(p));
+}
+
+// 16-byte vector -> kVec floats, element j of memory -> f[j].
+template <typename T>
+__device__ __forceinline__ void Unpack(const uint4& v, float (&f)[Elem<T>::kVec]) {
+  const unsigned int w[4] = {v.x, v.y, v.z, v.w};
+  if constexpr (sizeof(T) == 2) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+        f[2 * i] = __uint_as_float(w[i] << 16);
+        f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+      } else {
+        f[2 * i] = RawToFloat<T>(w[i] & 0xffffu);
+        f[2 * i + 1] = RawToFloat<T>(w[i] >> 16);
+      }
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) f[i] = __uint_as_float(w[i]);
+  }
+}
+
+// Weights are streamed: read once from HBM, no L1 allocation (L2 keeps them for the other row
+// chunks of the same group).
+__device__ __forceinline__ uint4 LoadStream(const void* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
+
+// kVec elements starting at p, of which the first `valid` exist (scalar path), packed like memory.
+template <typename T>
+__device__ __forceinline__ uint4 LoadPartial(const T* p, int valid) {
+  unsigned int w[4];
+  if constexpr (sizeof(T) == 2) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const unsigned int lo = 2 * i < valid ? LoadRaw(p + 2 * i) : 0u;
+      const unsigned int hi = 2 * i + 1 < valid ? LoadRaw(p + 2 * i + 1) : 0u;
+      w[i] = lo | (hi << 16);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) w[i] = i < valid ? LoadRaw(p + i) : 0u;
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+template <typename TO>
+__device__ __forceinline__ void Store(TO* p, float v) {
+  if constexpr (std::is_same_v<TO, __nv_bfloat16>) {
+    *p = __float2bfloat16_rn(v);
+  } else if constexpr (std::is_same_v<TO, __half>) {
+    *p = __float2half_rn(v);
+  } else {
+    *p = v;
+  }
+}
+
+// threadIdx.x through volatile asm: not loop-invariant to the compiler, so the per-item thread
+// arithmetic of the 8 row-count variants is recomputed per item instead of being hoisted out of
+// the item loop, where it would all stay live at once (and spill).
+__device__ __forceinline__ int OpaqueTid() {
+  int t;
+  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(t));
+  return t;
+}
+// The same for a kernel argument (K, N), so that strides derived from it are not hoisted either.
+__device__ __forceinline__ int Opaque(int x) {
+  int y;
+  asm volatile("mov.b32 %0, %1;" : "=r"(y) : "r"(x));
+  return y;
+}
+
+// ---- work items ----------------------------------------------------------------------------
+
+struct Args {
+  const void* lhs;
+  const void* rhs;
+  const int32_t* sizes;
+  void* out;
+  int groups;
+  int rows;
+  int k;
+  int n;
+};
+
+struct ChunkTables {
+  int offs[kMaxG + 1];  // clamped group row offsets; offs[G] = clamped total
+  int cnt[kMaxG + 1];   // chunks per group, [G] = chunks of the zero rows past the total
+  int coff[kMaxG + 2];  // chunk offsets; coff[G + 1] = total chunks
+};
+
+// All threads of the block. Returns the total number of row chunks.
+__device__ __forceinline__ int PrepareChunks(const Args& a, ChunkTables& t) {
+  LoadGroupOffsets<kThreads>(a.sizes, a.groups, a.rows, t.offs);
+  for (int g = threadIdx.x; g <= a.groups; g += kThreads) {
+    const int end = g < a.groups ? t.offs[g + 1] : a.rows;
+    t.cnt[g] = (end - t.offs[g] + kChunkRows - 1) / kChunkRows;
+  }
+  __syncthreads();
+  LoadGroupOffsets<kThreads>(t.cnt, a.groups + 1, INT_MAX, t.coff);
+  return t.coff[a.groups + 1];
+}
+
+struct Chunk {
+  int group;  // == groups: rows past the clamped total (write zeros)
+  int row0;
+  int rows;   // 1..kChunkRows
+};
+
+__device__ __forceinline__ Chunk FindChunk(const Args& a, const ChunkTables& t, int c) {
+  int lo = 0, hi = a.groups;  // largest g in [0, G] with coff[g] <= c; then coff[g + 1] > c
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (t.coff[mid] <= c) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  Chunk ch;
+  ch.group = lo;
+  ch.row0 = t.offs[lo] + (c - t.coff[lo]) * kChunkRows;
+  const int end = lo < a.groups ? t.offs[lo + 1] : a.rows;
+  ch.rows = min(kChunkRows, end - ch.row0);
+  return ch;
+}
+
+// ---- [G,K,N] kernel ------------------------------------------------------------------------
+
+template <typename T>
+struct KnShared {
+  ChunkTables tables;
+  // Activations of the current chunk as f32 [k - k0][8] for kStageK k-rows; after the K loop, the
+  // per-warp partial sums ([warp][flat][cx], at most kWarps * 8 * 8 * 8 floats).
+  __align__(16) float buf[kStageK * kChunkRows];
+};
+
+// Stages activation rows row0..row0+RR-1, k-rows [k0, k0 + kStageK), as f32 [k - k0][8]; rows past
+// RR and k-rows past K are 0 (so that zero-weight tail rows contribute exactly 0).
+template <typename T, int RR>
+__device__ __forceinline__ void StageActivations(const T* __restrict__ lhs, int row0, int K, int k0,
+                                                 float* buf) {
+  const T* x = lhs + static_cast<long long>(row0) * K + k0;  // row r at x + r * K
+  const int kmax = K - k0;
+  // Not unrolled: RR loads in flight per pass (L2-resident data), few live registers next to the
+  // accumulators and the prefetched weights.
+#pragma unroll 1
+  for (int kl = OpaqueTid(); kl < kStageK; kl += kThreads) {
+    const bool ok = kl < kmax;
+    float v[kChunkRows];
+#pragma unroll
+    for (int r = 0; r < kChunkRows; ++r) {
+      v[r] = (r < RR && ok) ? LoadFloat(x + static_cast<long long>(r) * K + kl) : 0.f;
+    }
+    float4* dst = reinterpret_cast<float4*>(buf + kl * kChunkRows);
+    dst[0] = make_float4(v[0], v[1], v[2], v[3]);
+    if (RR > 4) dst[1] = make_float4(v[4], v[5], v[6], v[7]);
+  }
+}
+
+template <typename T, bool kVec, int U>
+__device__ __forceinline__ void LoadWeightRows(const T* p, long long row_stride, int k, int K, int valid_cols,
+                                               uint4 (&w)[U]) {
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const bool ok = valid_cols > 0 && k + 32 * u < K;
+    const T* q = p + u * row_stride;
+    if constexpr (kVec) {
+      w[u] = ok ? LoadStream(q) : make_uint4(0u, 0u, 0u, 0u);
+    } else {
+      w[u] = ok ? LoadPartial(q, valid_cols) : make_uint4(0u, 0u, 0u, 0u);
+    }
+  }
+}
+
+// One iteration (kStep = 32 * U k-rows of the block) of the [G,K,N] reduction, with its weights
+// `cur` already requested: restage the activations at each kStageK boundary, then the FMAs.
+template <typename T, bool kVec, int RR, int U>
+__device__ __forceinline__ void KnStep(int it, const T* lhs, int row0, int K, int ky, float* buf,
+                                       const uint4 (&cur)[U], float (&acc)[RR][Elem<T>::kVec]) {
+  constexpr int V = Elem<T>::kVec;
+  constexpr int kStep = 32 * U;
+  const int kb = it * kStep;
+  const int kl0 = kb % kStageK;
+  if (kl0 == 0) {     // block-uniform
+    __syncthreads();  // previous pass (or the previous item's reduction) is done with buf
+    StageActivations<T, RR>(lhs, row0, K, kb, buf);
+    __syncthreads();
+  }
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const float* ap = buf + (kl0 + 32 * u + ky) * kChunkRows;
+    float x[kChunkRows];
+    const float4 a0 = *reinterpret_cast<const float4*>(ap);
+    x[0] = a0.x, x[1] = a0.y, x[2] = a0.z, x[3] = a0.w;
+    if (RR > 4) {
+      const float4 a1 = *reinterpret_cast<const float4*>(ap + 4);
+      x[4] = a1.x, x[5] = a1.y, x[6] = a1.z, x[7] = a1.w;
+    }
+    float f[V];
+    Unpack<T>(cur[u], f);
+#pragma unroll
+    for (int r = 0; r < RR; ++r) {
+#pragma unroll
+      for (int j = 0; j < V; ++j) acc[r][j] = fmaf(x[r], f[j], acc[r][j]);
+    }
+  }
+}
+
+template <typename T, typename TO, bool kVec, int RR>
+__device__ __forceinline__ void KnItem(const Args& a, const Chunk& ch, int n0, KnShared<T>& sh) {
+  constexpr int V = Elem<T>::kVec;
+  constexpr int kTile = 8 * V;
+  // k-rows (16-byte loads in flight) per thread per iteration; the scalar path needs V loads each.
+  constexpr int U = !kVec ? 2 : (RR <= 4 ? 8 : 4);
+  constexpr int kStep = 32 * U;       // k-rows per block per iteration
+  static_assert(kStageK % kStep == 0, "a staged pass must hold whole iterations");
+  const int K = Opaque(a.k), N = Opaque(a.n);
+  const int tid = OpaqueTid(), lane = tid & 31, warp = tid >> 5;
+  const int cx = lane & 7, ky = tid >> 3;
+  const T* lhs = static_cast<const T*>(a.lhs);
+  const int col = n0 + cx * V;
+  const int valid_cols = min(V, N - col);  // <= 0: this thread's columns are past N
+  const long long row_stride = 32LL * N;   // between a thread's consecutive k-rows
+  const long long step_stride = static_cast<long long>(kStep) * N;
+  const T* wp = static_cast<const T*>(a.rhs) + static_cast<long long>(ch.group) * K * N +
+                static_cast<long long>(ky) * N + col;
+
+  float acc[RR][V];
+#pragma unroll
+  for (int r = 0; r < RR; ++r) {
+#pragma unroll
+    for (int j = 0; j < V; ++j) acc[r][j] = 0.f;
+  }
+
+  const int iters = (K + kStep - 1) / kStep;
+#pragma unroll 1
+  for (int it = 0; it < iters; ++it) {
+    uint4 w[U];
+    LoadWeightRows<T, kVec, U>(wp + it * step_stride, row_stride, it * kStep + ky, K, valid_cols, w);
+    KnStep<T, kVec, RR, U>(it, lhs, ch.row0, K, ky, sh.buf, w, acc);
+  }
+
+  // Reduce over the 4 k-slices of the warp (lanes differing in bits 3 and 4): a reduce-scatter,
+  // after which lane group q = lane >> 3 holds flat entries [q * NV/4, (q + 1) * NV/4).
+  constexpr int NV = RR * V;
+  float v[NV];
+#pragma unroll
+  for (int r = 0; r < RR; ++r) {
+#pragma unroll
+    for (int j = 0; j < V; ++j) v[r * V + j] = acc[r][j];
+  }
+  const bool b1 = (lane & 16) != 0, b2 = (lane & 8) != 0;
+  float h[NV / 2];
+#pragma unroll
+  for (int i = 0; i < NV / 2; ++i) {
+    const float keep = b1 ? v[NV / 2 + i] : v[i];
+    const float send = b1 ? v[i] : v[NV / 2 + i];
+    h[i] = keep + __shfl_xor_sync(0xffffffffu, send, 16);
+  }
+  float q[NV / 4];
+#pragma unroll
+  for (int i = 0; i < NV / 4; ++i) {
+    const float keep = b2 ? h[NV / 4 + i] : h[i];
+    const float send = b2 ? h[i] : h[NV / 4 + i];
+    q[i] = keep + __shfl_xor_sync(0xffffffffu, send, 8);
+  }
+  __syncthreads();  // every warp is done reading the staged activations
+  const int qg = lane >> 3;
+#pragma unroll
+  for (int i = 0; i < NV / 4; ++i) sh.buf[((warp * NV) + qg * (NV / 4) + i) * 8 + cx] = q[i];
+  __syncthreads();
+
+  TO* out = static_cast<TO*>(a.out);
+#pragma unroll 1
+  for (int o = tid; o < RR * kTile; o += kThreads) {
+    const int r = o / kTile, c = o % kTile;
+    const int flat = r * V + c % V, ocx = c / V;
+    float s = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) s += sh.buf[(w * NV + flat) * 8 + ocx];
+    if (n0 + c < N) Store(out + static_cast<long long>(ch.row0 + r) * N + n0 + c, s);
+  }
+  // The next item's first write to buf follows a __syncthreads (staging or reduction).
+}
+
+template <typename T, typename TO, bool kVec>
+__global__ void __launch_bounds__(kThreads, kBlocksPerSm) SmallGroupsKnKernel(Args a) {
+  constexpr int kTile = 8 * Elem<T>::kVec;
+  __shared__ KnShared<T> sh;
+  const int chunks = PrepareChunks(a, sh.tables);
+  const int tiles = (a.n + kTile - 1) / kTile;
+  const int items = tiles * chunks;  // < 2^31: checked on the host
+#pragma unroll 1
+  for (int item = blockIdx.x; item < items; item += gridDim.x) {
+    const int tile = item / chunks;
+    const Chunk ch = FindChunk(a, sh.tables, item % chunks);
+    const int n0 = tile * kTile;
+    if (ch.group == a.groups) {  // rows past the clamped total
+      TO* out = static_cast<TO*>(a.out);
+      for (int o = threadIdx.x; o < ch.rows * kTile; o += kThreads) {
+        const int r = o / kTile, c = o % kTile;
+        if (n0 + c < a.n) Store(out + static_cast<long long>(ch.row0 + r) * a.n + n0 + c, 0.f);
+      }
+      continue;
+    }
+    switch (ch.rows) {  // block-uniform
+      case 1: KnItem<T, TO, kVec, 1>(a, ch, n0, sh); break;
+      case 2: KnItem<T, TO, kVec, 2>(a, ch, n0, sh); break;
+      case 3: KnItem<T, TO, kVec, 3>(a, ch, n0, sh); break;
+      case 4: KnItem<T, TO, kVec, 4>(a, ch, n0, sh); break;
+      case 5: KnItem<T, TO, kVec, 5>(a, ch, n0, sh); break;
+      case 6: KnItem<T, TO, kVec, 6>(a, ch, n0, sh); break;
+      case 7: KnItem<T, TO, kVec, 7>(a, ch, n0, sh); break;
+      default: KnItem<T, TO, kVec, 8>(a, ch, n0, sh); break;
+    }
+  }
+}
+
+// ---- [G,N,K] kernel ------------------------------------------------------------------------
+
+struct NkShared {
+  ChunkTables tables;
+  float red[kWarps][32 * kNkLd];  // per-warp transpose: [lane][flat], padded
+};
+
+// 32-bit word -> the floats it holds (2 for 16-bit types, 1 for f32), element order of memory.
+template <typename T, int kPerWord>
+__device__ __forceinline__ void WordToFloats(unsigned int w, float (&f)[kPerWord]) {
+  if constexpr (kPerWord == 1) {
+    f[0] = RawToFloat<T>(w);
+  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    f[0] = __uint_as_float(w << 16);
+    f[1] = __uint_as_float(w & 0xffff0000u);
+  } else {
+    f[0] = RawToFloat<T>(w & 0xffffu);
+    f[1] = RawToFloat<T>(w >> 16);
+  }
+}
+
+template <typename T, bool kVec>
+struct NkPack;
+template <typename T>
+struct NkPack<T, true> {  // one 16-byte vector per lane
+  static constexpr int kElems = Elem<T>::kVec;
+  static constexpr int kWords = 4;
+  static constexpr int kPerWord = kElems / kWords;
+  using Type = uint4;
+  static __device__ __forceinline__ Type Load(const T* p, bool ok, bool stream) {
+    if (!ok) return make_uint4(0u, 0u, 0u, 0u);
+    return stream ? LoadStream(p) : __ldg(reinterpret_cast<const uint4*>(p));
+  }
+  static __device__ __forceinline__ unsigned int Word(const Type& v, int i) {
+    return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;  // i is a compile-time constant
+  }
+};
+template <typename T>
+struct NkPack<T, false> {  // one element per lane
+  static constexpr int kElems = 1;
+  static constexpr int kWords = 1;
+  static constexpr int kPerWord = 1;
+  using Type = unsigned int;
+  static __device__ __forceinline__ Type Load(const T* p, bool ok, bool) { return ok ? LoadRaw(p) : 0u; }
+  static __device__ __forceinline__ unsigned int Word(const Type& v, int) { return v; }
+};
+
+template <typename T, typename TO, bool kVec, int RR>
+__device__ __forceinline__ void NkItem(const Args& a, const Chunk& ch, int n0, float* red) {
+  using P = NkPack<T, kVec>;
+  constexpr int E = P::kElems;
+  constexpr int U = RR <= 4 ? 2 : 1;  // k-vectors per lane per iteration: 4U weight loads in flight
+  constexpr int kStep = 32 * E * U;  // k per warp per iteration
+  const int K = Opaque(a.k), N = Opaque(a.n);
+  const int lane = OpaqueTid() & 31;
+  const T* lhs = static_cast<const T*>(a.lhs) + static_cast<long long>(ch.row0) * K;
+  const T* rhs = static_cast<const T*>(a.rhs) + static_cast<long long>(ch.group) * N * K;
+  bool col_ok[kNkCols];
+  const T* wrow[kNkCols];
+#pragma unroll
+  for (int c = 0; c < kNkCols; ++c) {
+    col_ok[c] = n0 + c < N;
+    wrow[c] = rhs + static_cast<long long>(col_ok[c] ? n0 + c : n0) * K;
+  }
+  float acc[RR][kNkCols];
+#pragma unroll
+  for (int r = 0; r < RR; ++r) {
+#pragma unroll
+    for (int c = 0; c < kNkCols; ++c) acc[r][c] = 0.f;
+  }
+
+#pragma unroll 1
+  for (int kb = 0; kb < K; kb += kStep) {
+    typename P::Type w[U][kNkCols];
+    typename P::Type x[U][RR];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int k = kb + (u * 32 + lane) * E;
+      const bool ok = k < K;  // vector path: K % E == 0, so the whole vector is in range
+#pragma unroll
+      for (int c = 0; c < kNkCols; ++c) w[u][c] = P::Load(wrow[c] + k, ok && col_ok[c], true);
+#pragma unroll
+      for (int r = 0; r < RR; ++r) x[u][r] = P::Load(lhs + static_cast<long long>(r) * K + k, ok, false);
+    }
+    // Convert one 32-bit word at a time, so that few converted floats are live at once.
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+#pragma unroll
+      for (int i = 0; i < P::kWords; ++i) {
+        float fw[kNkCols][P::kPerWord];
+#pragma unroll
+        for (int c = 0; c < kNkCols; ++c) WordToFloats<T, P::kPerWord>(P::Word(w[u][c], i), fw[c]);
+#pragma unroll
+        for (int r = 0; r < RR; ++r) {
+          float fx[P::kPerWord];
+          WordToFloats<T, P::kPerWord>(P::Word(x[u][r], i), fx);
+#pragma unroll
+          for (int c = 0; c < kNkCols; ++c) {
+#pragma unroll
+            for (int j = 0; j < P::kPerWord; ++j) acc[r][c] = fmaf(fx[j], fw[c][j], acc[r][c]);
+          }
+        }
+      }
+    }
+  }
+
+  // Sum over the 32 lanes through a padded transpose: lane l writes row l, lane i < RR*4 sums
+  // column i.
+  constexpr int NV = RR * kNkCols;
+#pragma unroll
+  for (int r = 0; r < RR; ++r) {
+#pragma unroll
+    for (int c = 0; c < kNkCols; ++c) red[lane * kNkLd + r * kNkCols + c] = acc[r][c];
+  }
+  __syncwarp();
+  if (lane < NV) {
+    float s = 0.f;
+#pragma unroll
+    for (int l = 0; l < 32; ++l) s += red[l * kNkLd + lane];
+    const int r = lane / kNkCols, c = lane % kNkCols;
+    if (n0 + c < N) Store(static_cast<TO*>(a.out) + static_cast<long long>(ch.row0 + r) * N + n0 + c, s);
+  }
+  __syncwarp();  // reads done before the warp's next item writes red
+}
+
+template <typename T, typename TO, bool kVec>
+__global__ void __launch_bounds__(kThreads, kBlocksPerSm) SmallGroupsNkKernel(Args a) {
+  __shared__ NkShared sh;
+  const int chunks = PrepareChunks(a, sh.tables);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int tiles = (a.n + kNkCols - 1) / kNkCols;
+  const int items = tiles * chunks;  // < 2^31: checked on the host
+  const int stride = gridDim.x * kWarps;
+#pragma unroll 1
+  for (int item = blockIdx.x * kWarps + warp; item < items; item += stride) {
+    const int tile = item / chunks;
+    const Chunk ch = FindChunk(a, sh.tables, item % chunks);
+    const int n0 = tile * kNkCols;
+    if (ch.group == a.groups) {  // rows past the clamped total
+      if (lane < ch.rows * kNkCols) {
+        const int r = lane / kNkCols, c = lane % kNkCols;
+        if (n0 + c < a.n) Store(static_cast<TO*>(a.out) + static_cast<long long>(ch.row0 + r) * a.n + n0 + c, 0.f);
+      }
+      continue;
+    }
+    float* red = sh.red[warp];
+    switch (ch.rows) {  // warp-uniform
+      case 1: NkItem<T, TO, kVec, 1>(a, ch, n0, red); break;
+      case 2: NkItem<T, TO, kVec, 2>(a, ch, n0, red); break;
+      case 3: NkItem<T, TO, kVec, 3>(a, ch, n0, red); break;
+      case 4: NkItem<T, TO, kVec, 4>(a, ch, n0, red); break;
+      case 5: NkItem<T, TO, kVec, 5>(a, ch, n0, red); break;
+      case 6: NkItem<T, TO, kVec, 6>(a, ch, n0, red); break;
+      case 7: NkItem<T, TO, kVec, 7>(a, ch, n0, red); break;
+      default: NkItem<T, TO, kVec, 8>(a, ch, n0, red); break;
+    }
+  }
+}
+
+// ---- host side -----------------------------------------------------------------------------
+
+bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// Upper bound on the row chunks: ranges (G groups + the zero range) with m_i rows give
+// sum ceil(m_i / 8) <= (M + 7 * nonempty) / 8, nonempty <= min(G + 1, M).
+long long MaxChunks(long long groups, long long rows) {
+  const long long nonempty = groups + 1 < rows ? groups + 1 : rows;
+  return (rows + (kChunkRows - 1) * nonempty) / kChunkRows;
+}
+
+template <typename T, typename TO>
+ffi::Error Launch(const DeviceGemm& g, cudaStream_t stream) {
+  const GroupedGemmShape& s = g.s;
+  constexpr int V = Elem<T>::kVec;
+  Args a;
+  a.lhs = g.lhs;
+  a.rhs = g.rhs;
+  a.sizes = g.group_sizes;
+  a.out = g.out;
+  a.groups = static_cast<int>(s.groups);
+  a.rows = static_cast<int>(s.rows);
+  a.k = static_cast<int>(s.k);
+  a.n = static_cast<int>(s.n);
+  const long long max_blocks = static_cast<long long>(kBlocksPerSm) * (g.sm_count > 0 ? g.sm_count : 1);
+  const long long chunks = MaxChunks(s.groups, s.rows);
+  const long long max_tiles = s.transpose_rhs ? (s.n + kNkCols - 1) / kNkCols : (s.n + 8 * V - 1) / (8 * V);
+  if (max_tiles * chunks > INT_MAX / 2) {  // the kernels count items in int
+    return ffi::Error::InvalidArgument("te_async: small_group_gemm: too many work items (N x M too large)");
+  }
+  if (!s.transpose_rhs) {
+    const long long tiles = (s.n + 8 * V - 1) / (8 * V);
+    long long grid = tiles * chunks;
+    if (grid > max_blocks) grid = max_blocks;
+    if (grid < 1) grid = 1;
+    const bool vec = s.n % V == 0 && Aligned16(g.rhs);
+    if (vec) {
+      SmallGroupsKnKernel<T, TO, true><<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(a);
+    } else {
+      SmallGroupsKnKernel<T, TO, false><<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(a);
+    }
+    return CudaStatus(cudaGetLastError(), "launch of small_group_gemm kernel SmallGroupsKnKernel ([G,K,N] rhs)");
+  }
+  const long long tiles = (s.n + kNkCols - 1) / kNkCols;
+  long long grid = (tiles * chunks + kWarps - 1) / kWarps;
+  if (grid > max_blocks) grid = max_blocks;
+  if (grid < 1) grid = 1;
+  const bool vec = s.k % V == 0 && Aligned16(g.rhs) && Aligned16(g.lhs);
+  if (vec) {
+    SmallGroupsNkKernel<T, TO, true><<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(a);
+  } else {
+    SmallGroupsNkKernel<T, TO, false><<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(a);
+  }
+  return CudaStatus(cudaGetLastError(), "launch of small_group_gemm kernel SmallGroupsNkKernel ([G,N,K] rhs)");
+}
+
+}  // namespace
+
+ffi::Error LaunchSmallGroups(const DeviceGemm& g, cudaStream_t stream) {
+  const GroupedGemmShape& s = g.s;
+  if (s.ragged_k) return ffi::Error::InvalidArgument("te_async: small_group_gemm supports ragged m only");
+  if (s.groups < 1 || s.groups > kMaxGroups) {
+    return ffi::Error::InvalidArgument("te_async: small_group_gemm: group count " + std::to_string(s.groups) +
+                                       " outside [1, " + std::to_string(kMaxGroups) + "]");
+  }
+  const int64_t limit = INT_MAX / 2;
+  if (s.rows < 0 || s.k < 0 || s.n < 0 || s.rows > limit || s.k > limit || s.n > limit) {
+    return ffi::Error::InvalidArgument("te_async: small_group_gemm: dimensions out of range");
+  }
+  if (s.rows == 0 || s.n == 0) return ffi::Error::Success();  // empty output
+  using ffi::DataType;
+  const DataType in = s.in_type, out = s.out_type;
+  if (in == DataType::BF16 && out == DataType::BF16) return Launch<__nv_bfloat16, __nv_bfloat16>(g, stream);
+  if (in == DataType::BF16 && out == DataType::F32) return Launch<__nv_bfloat16, float>(g, stream);
+  if (in == DataType::F16 && out == DataType::F16) return Launch<__half, __half>(g, stream);
+  if (in == DataType::F16 && out == DataType::F32) return Launch<__half, float>(g, stream);
+  if (in == DataType::F32 && out == DataType::F32) return Launch<float, float>(g, stream);
+  return ffi::Error::InvalidArgument("te_async: small_group_gemm: unsupported dtypes (inputs bf16, f16 or f32; "
+                                     "output the input dtype or f32)");
+}
+
+}  // namespace te_async

@@ -1,0 +1,48 @@
+// Which device-mode kernel runs a grouped GEMM, chosen from static shapes only, so that the choice
+// is the same at trace time (workspace sizing, in Python) and at run time (the CUDA handler), and
+// can be tested without a GPU.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "grouped_gemm_args.h"
+
+namespace te_async {
+
+enum class DeviceKernel {
+  kSmallGroups,  // decode: reads each active expert's weights once, bandwidth-bound
+  kCutlassSm90,  // prefill / training: CUTLASS ptr-array TMA warp-specialized, sm_90a
+  kPortable,     // everything else: tiled SIMT kernel, any GPU, any dtype
+};
+
+// Up to this many ragged rows (tokens x top-k) the weights, not the math, set the time.
+inline constexpr int64_t kSmallGroupsMaxRows = 512;
+
+// kSmallGroupsMaxRows, or TE_ASYNC_SMALL_GROUPS_MAX_ROWS where set (for benchmarking the rule).
+int64_t SmallGroupsMaxRows();
+
+// Shapes that the CUTLASS instantiations cover: 16-bit inputs, output in the input dtype, and the
+// 16-byte alignment TMA needs on every group's rows (K and N multiples of 8).
+bool CutlassShapeEligible(const GroupedGemmShape& s);
+
+// compute_capability is major * 10 + minor; cutlass_built says whether the CUTLASS kernels were
+// compiled into the CUDA extension.
+//   ragged m and M <= SmallGroupsMaxRows()         -> kSmallGroups
+//   sm_90, CUTLASS built, CutlassShapeEligible(s)  -> kCutlassSm90
+//   otherwise                                      -> kPortable
+DeviceKernel ChooseDeviceKernel(const GroupedGemmShape& s, int compute_capability, bool cutlass_built);
+
+const char* DeviceKernelName(DeviceKernel k);
+
+// A shape described the way Python knows it at trace time (dtype names as numpy spells them:
+// "bfloat16", "float16", "float32"); an unknown name gives DataType::INVALID.
+GroupedGemmShape ShapeFromStatic(int64_t groups, int64_t rows, int64_t k, int64_t n, bool ragged_k,
+                                 bool transpose_rhs, const std::string& in_dtype, const std::string& out_dtype);
+
+// ChooseDeviceKernel's name for a shape given from Python.
+std::string DeviceKernelChoice(int64_t groups, int64_t rows, int64_t k, int64_t n, bool ragged_k, bool transpose_rhs,
+                               const std::string& in_dtype, const std::string& out_dtype, int compute_capability,
+                               bool cutlass_built);
+
+}  // namespace te_async

@@ -1,0 +1,121 @@
+"""Decode-size expert GEMMs against their floor: fc1 + fc2 of one MoE layer per mode.
+
+DeepSeek-V2-Lite's experts (64, hidden 2048, ffn 1408, top-6) at T tokens: M = 6T rows routed to
+at most 6T distinct experts. At these sizes the weights, not the math, set the time, so the
+floor of a layer is its active experts' fc1 + fc2 bytes over the HBM bandwidth measured in the
+same run. One call runs L layers (a scan over stacked weights, fresh routing per layer), so the
+time per layer is free of dispatch overhead and no layer finds its weights in L2.
+"""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .. import _ffi, grouped_gemm
+from . import timing
+
+EXPERTS, HIDDEN, FFN, TOP_K = 64, 2048, 1408, 6
+FC1_N = 2 * FFN  # swiglu: [gate | linear]
+EXPERT_BYTES = (HIDDEN * FC1_N + FFN * HIDDEN) * 2  # bf16
+MODES = ("device", "sync", "async")
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--batches", type=int, nargs="*", default=[1, 2, 4, 8, 16, 32, 64])
+    p.add_argument("--layers", type=int, default=16, help="layers per timed call")
+    p.add_argument("--modes", nargs="*", default=list(MODES))
+    p.add_argument("--reps", type=int, default=30)
+
+
+def routed_sizes(rng, layers: int, tokens: int) -> np.ndarray:
+    """int32 [L, E]: each token picks TOP_K distinct experts uniformly, as a balanced router does."""
+    sizes = np.zeros((layers, EXPERTS), np.int32)
+    for layer in range(layers):
+        for _ in range(tokens):
+            sizes[layer, rng.choice(EXPERTS, TOP_K, replace=False)] += 1
+    return sizes
+
+
+def layer_stack(mode: str):
+    def step(w1, w2, x, h, gs):
+        def layer(_, inputs):
+            w1_l, w2_l, x_l, h_l, gs_l = inputs
+            y1 = grouped_gemm(x_l, w1_l, gs_l, group_sizes_mode=mode)
+            y2 = grouped_gemm(h_l, w2_l, gs_l, group_sizes_mode=mode)
+            return None, (y1, y2)
+
+        return jax.lax.scan(layer, None, (w1, w2, x, h, gs))[1]
+
+    return jax.jit(step)
+
+
+def run(args) -> dict:
+    dtype = jnp.bfloat16 if jax.default_backend() == "gpu" else jnp.float32
+    layers = args.layers
+    key = jax.random.key(0)
+    w1 = jax.random.normal(key, (layers, EXPERTS, HIDDEN, FC1_N), dtype) / math.sqrt(HIDDEN)
+    w2 = jax.random.normal(jax.random.fold_in(key, 1), (layers, EXPERTS, FFN, HIDDEN), dtype) / math.sqrt(FFN)
+    bandwidth = timing.hbm_bandwidth()
+    rng = np.random.default_rng(0)
+    results = []
+    for tokens in args.batches:
+        rows = tokens * TOP_K
+        sets = []
+        for i in range(3):  # rotated, so each call routes differently
+            sizes = routed_sizes(rng, layers, tokens)
+            x = jax.random.normal(jax.random.fold_in(key, 10 + i), (layers, rows, HIDDEN), dtype)
+            h = jax.random.normal(jax.random.fold_in(key, 20 + i), (layers, rows, FFN), dtype)
+            sets.append((w1, w2, x, h, jnp.asarray(sizes)))
+        active = np.mean([np.count_nonzero(np.asarray(s[-1])) for s in sets]) / layers
+        floor_us = 1e6 * active * EXPERT_BYTES / bandwidth
+        kernels = "/".join(_ffi.device_plan(EXPERTS, rows, k, n, False, False, jnp.dtype(dtype).name, jnp.dtype(dtype).name)[0]
+                           for k, n in ((HIDDEN, FC1_N), (FFN, HIDDEN)))
+        reference = None
+        for mode in args.modes:
+            row = {"tokens": tokens, "rows": rows, "mode": mode, "active_experts": float(active), "floor_us": floor_us}
+            if mode == "device":
+                row["kernels"] = kernels
+            try:
+                step = layer_stack(mode)
+                t = timing.time_calls(step, sets, reps=args.reps, inner=3)
+                layer_us = 1e6 * t.median_s / layers
+                row.update(t.as_dict(), layer_us=layer_us, ratio_to_floor=layer_us / floor_us)
+                out = [np.asarray(y, np.float32) for y in step(*sets[0])]
+                if reference is None:
+                    reference = out
+                row["rel_error_vs_first"] = float(max(np.linalg.norm(o - r) / max(np.linalg.norm(r), 1e-30) for o, r in zip(out, reference)))
+            except Exception as e:  # recorded, not fatal: one mode failing must not hide the others
+                row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+            results.append(row)
+            print(_line(row), flush=True)
+    result = {"benchmark": "decode_gemm", "environment": timing.environment(), "hbm_bytes_per_s": bandwidth,
+              "layers_per_call": layers, "results": results}
+    (args.out / "decode_gemm.md").write_text(markdown(result))
+    print(markdown(result))
+    return result
+
+
+def _line(row) -> str:
+    if "error" in row:
+        return f"T={row['tokens']:3d} {row['mode']:7s} error: {row['error'][:160]}"
+    return (f"T={row['tokens']:3d} {row['mode']:7s} {row['layer_us']:8.1f} us/layer  floor {row['floor_us']:7.1f} us"
+            f"  ratio {row['ratio_to_floor']:5.2f}  err {row['rel_error_vs_first']:.1e}")
+
+
+def markdown(result) -> str:
+    rows = result["results"]
+    modes = list(dict.fromkeys(r["mode"] for r in rows))
+    lines = ["| T | active experts | floor µs | " + " | ".join(f"{m} µs (× floor)" for m in modes) + " | device kernels |",
+             "|---" * (len(modes) + 4) + "|"]
+    for tokens in dict.fromkeys(r["tokens"] for r in rows):
+        at = {r["mode"]: r for r in rows if r["tokens"] == tokens}
+        first = next(iter(at.values()))
+        cells = ["error" if "error" in at[m] else f"{at[m]['layer_us']:.1f} ({at[m]['ratio_to_floor']:.2f}×)" for m in modes]
+        kernels = at.get("device", {}).get("kernels", "")
+        lines.append(f"| {tokens} | {first['active_experts']:.1f} | {first['floor_us']:.1f} | " + " | ".join(cells) + f" | {kernels} |")
+    lines.append("")
+    lines.append(f"fc1 + fc2 per layer, median over {rows[0].get('samples', '?')} batches of calls of "
+                 f"{result['layers_per_call']} layers; HBM {result['hbm_bytes_per_s'] / 1e12:.2f} TB/s (copy, read + write).")
+    return "\n".join(lines) + "\n"
