@@ -33,4 +33,11 @@ inline bool CheckDeviceSizes() {
   return on;
 }
 
+// TE_ASYNC_DEBUG_CUTLASS=1: the CUTLASS grouped GEMM synchronises after its setup kernel and
+// after the GEMM, and prints the per-group shapes, pointers and strides it set. Not capturable.
+inline bool DebugCutlass() {
+  static const bool on = EnvFlagIsOne("TE_ASYNC_DEBUG_CUTLASS");
+  return on;
+}
+
 }  // namespace te_async

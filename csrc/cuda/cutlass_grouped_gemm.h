@@ -166,6 +166,7 @@ TE_ASYNC_CUTLASS_FOR_EACH_INSTANCE(TE_ASYNC_CUTLASS_EXTERN)
 // ------------------------------------------------------------------------------------------------
 #if defined(TE_ASYNC_CUTLASS_KERNELS)
 
+#include <cstdio>
 #include <string>
 #include <type_traits>
 
@@ -181,6 +182,7 @@ TE_ASYNC_CUTLASS_FOR_EACH_INSTANCE(TE_ASYNC_CUTLASS_EXTERN)
 #include "cutlass/numeric_types.h"
 #include "cuda/cuda_check.h"
 #include "cuda/group_layout.cuh"
+#include "debug_flags.h"
 
 namespace te_async {
 namespace cutlass_sm90 {
@@ -290,15 +292,20 @@ struct GemmConfig {
 };
 
 // A CUTLASS stride with one dynamic (int64) mode and static unit/zero modes, with that mode set.
+// Built by value from the tuple's element types: assigning through cute::get<I>(s) compiled to
+// stores of zero in this TU's SetupKernel (SASS `STG.E.64 [...], RZ`), which made every group's
+// TMA leading dimension 0 and every output wrong (H200, 2026-11-30).
 template <class Stride>
 __device__ __forceinline__ Stride MakeLeadingStride(int64_t ld) {
-  Stride s{};
-  if constexpr (cute::is_static_v<cute::remove_cvref_t<decltype(cute::get<0>(s))>>) {
-    cute::get<1>(s) = ld;
+  using M0 = cute::tuple_element_t<0, Stride>;
+  using M1 = cute::tuple_element_t<1, Stride>;
+  using M2 = cute::tuple_element_t<2, Stride>;
+  if constexpr (std::is_same_v<M0, int64_t>) {
+    return Stride{ld, M1{}, M2{}};
   } else {
-    cute::get<0>(s) = ld;
+    static_assert(std::is_same_v<M1, int64_t>, "the one int64 leading dimension is mode 0 or 1");
+    return Stride{M0{}, ld, M2{}};
   }
-  return s;
 }
 
 inline constexpr int kSetupThreads = 256;
@@ -373,6 +380,33 @@ __global__ void __launch_bounds__(kSetupThreads)
     uint4* dst = out + total * n / kVec;
     for (int64_t i = first; i < vecs; i += stride) dst[i] = zero;
   }
+}
+
+// What the setup kernel wrote for the first groups, to stderr (TE_ASYNC_DEBUG_CUTLASS=1).
+template <class Params>
+xla::ffi::Error PrintSetup(const Params& p, cudaStream_t stream) {
+  TE_ASYNC_CUDA(cudaStreamSynchronize(stream));
+  const int shown = p.groups < 3 ? p.groups : 3;
+  int shapes[9] = {};
+  const void* ptrs[3][3] = {};
+  int64_t strides[3][3] = {};
+  TE_ASYNC_CUDA(cudaMemcpy(shapes, p.shapes, shown * kProblemShapeBytes, cudaMemcpyDeviceToHost));
+  TE_ASYNC_CUDA(cudaMemcpy(ptrs[0], p.ptr_a, shown * sizeof(void*), cudaMemcpyDeviceToHost));
+  TE_ASYNC_CUDA(cudaMemcpy(ptrs[1], p.ptr_b, shown * sizeof(void*), cudaMemcpyDeviceToHost));
+  TE_ASYNC_CUDA(cudaMemcpy(ptrs[2], p.ptr_d, shown * sizeof(void*), cudaMemcpyDeviceToHost));
+  TE_ASYNC_CUDA(cudaMemcpy(strides[0], p.stride_a, shown * kStrideBytes, cudaMemcpyDeviceToHost));
+  TE_ASYNC_CUDA(cudaMemcpy(strides[1], p.stride_b, shown * kStrideBytes, cudaMemcpyDeviceToHost));
+  TE_ASYNC_CUDA(cudaMemcpy(strides[2], p.stride_d, shown * kStrideBytes, cudaMemcpyDeviceToHost));
+  std::fprintf(stderr, "te_async cutlass debug: lhs %p rhs %p out %p groups %d rows %d k %lld n %lld\n",
+               static_cast<const void*>(p.lhs), static_cast<const void*>(p.rhs), static_cast<void*>(p.out),
+               p.groups, p.rows, static_cast<long long>(p.k), static_cast<long long>(p.n));
+  for (int g = 0; g < shown; ++g) {
+    std::fprintf(stderr, "  group %d shape (%d,%d,%d) a %p b %p d %p lda %lld ldb %lld ldd %lld\n", g, shapes[3 * g],
+                 shapes[3 * g + 1], shapes[3 * g + 2], ptrs[0][g], ptrs[1][g], ptrs[2][g],
+                 static_cast<long long>(strides[0][g]), static_cast<long long>(strides[1][g]),
+                 static_cast<long long>(strides[2][g]));
+  }
+  return xla::ffi::Error::Success();
 }
 
 template <class Config>
@@ -458,6 +492,7 @@ xla::ffi::Error Run(const DeviceGemm& g, cudaStream_t stream) {
   const int blocks = static_cast<int>(want < 1 ? 1 : (want > g.sm_count ? g.sm_count : want));
   SetupKernel<F><<<blocks, kSetupThreads, 0, stream>>>(p);
   TE_ASYNC_CUDA(cudaGetLastError());
+  if (DebugCutlass()) TE_ASYNC_RETURN_IF_ERROR(PrintSetup(p, stream));
 
   // 2. The grouped GEMM. initialize() launches nothing: the kernel's initialize_workspace only
   // forwards to the collectives' (no-op for this mainloop, a void-C epilogue and the group
@@ -481,6 +516,11 @@ xla::ffi::Error Run(const DeviceGemm& g, cudaStream_t stream) {
     return xla::ffi::Error::Internal(CutlassCallError("run", st, T) + " (" + cudaGetErrorName(e) + ")");
   }
   TE_ASYNC_CUDA(cudaGetLastError());
+  if (DebugCutlass()) {
+    const cudaError_t done = cudaStreamSynchronize(stream);
+    std::fprintf(stderr, "te_async cutlass debug: %s ran, stream sync: %s\n", TileName(T), cudaGetErrorName(done));
+    TE_ASYNC_CUDA(done);
+  }
   return xla::ffi::Error::Success();
 }
 
