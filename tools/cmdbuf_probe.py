@@ -1,5 +1,7 @@
 """Which ops XLA puts in command buffers for a device-mode grouped_mlp step: prints, per
 computation of the compiled HLO, the custom-call targets and fusions it holds. GPU only.
+With XLA's thunk-level command buffers (--xla_gpu_experimental_enable_command_buffer_on_thunks,
+default on in recent XLA) the HLO shows none; add --xla_dump_to=DIR and read the thunk dump.
 
     python3 -P tools/cmdbuf_probe.py     (set XLA_FLAGS to compare command-buffer settings)
 """
