@@ -55,6 +55,14 @@ struct DeviceInfo {
   int compute_capability = 0;  // major * 10 + minor
   int sm_count = 0;
 };
-xla::ffi::Error QueryDevice(int device, DeviceInfo* info);
+
+// What a device-mode call of shape `s` runs on `device`: the one plan both the handler and the
+// trace-time workspace sizing (module.cc, device_plan) use.
+struct DevicePlan {
+  DeviceInfo info;
+  DeviceKernel kernel = DeviceKernel::kPortable;
+  size_t workspace_bytes = 0;
+};
+xla::ffi::Error PlanDeviceGemm(const GroupedGemmShape& s, int device, DevicePlan* plan);
 
 }  // namespace te_async

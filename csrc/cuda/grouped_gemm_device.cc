@@ -21,12 +21,23 @@ size_t DeviceWorkspaceBytes(const GroupedGemmShape& s, DeviceKernel kernel, int 
   return 0;
 }
 
+namespace {
+
 ffi::Error QueryDevice(int device, DeviceInfo* info) {
   int major = 0, minor = 0;
   TE_ASYNC_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   TE_ASYNC_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
   TE_ASYNC_CUDA(cudaDeviceGetAttribute(&info->sm_count, cudaDevAttrMultiProcessorCount, device));
   info->compute_capability = major * 10 + minor;
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+ffi::Error PlanDeviceGemm(const GroupedGemmShape& s, int device, DevicePlan* plan) {
+  TE_ASYNC_RETURN_IF_ERROR(QueryDevice(device, &plan->info));
+  plan->kernel = ChooseDeviceKernel(s, plan->info.compute_capability, CutlassBuilt());
+  plan->workspace_bytes = DeviceWorkspaceBytes(s, plan->kernel, plan->info.sm_count);
   return ffi::Error::Success();
 }
 
@@ -70,15 +81,13 @@ ffi::Error GroupedGemmDevice(cudaStream_t stream, int32_t device, ffi::AnyBuffer
     return ffi::Error::InvalidArgument("te_async: device mode supports fewer than 2^31 rows, got " +
                                        std::to_string(s.rows));
   }
-  DeviceInfo info;
-  TE_ASYNC_RETURN_IF_ERROR(QueryDevice(device, &info));
-  const DeviceKernel kernel = ChooseDeviceKernel(s, info.compute_capability, CutlassBuilt());
-  const size_t needed = DeviceWorkspaceBytes(s, kernel, info.sm_count);
-  if (workspace->size_bytes() < needed) {
+  DevicePlan plan;
+  TE_ASYNC_RETURN_IF_ERROR(PlanDeviceGemm(s, device, &plan));
+  if (workspace->size_bytes() < plan.workspace_bytes) {
     return ffi::Error::InvalidArgument(
         "te_async: device-mode workspace of " + std::to_string(workspace->size_bytes()) + " bytes, " +
-        DeviceKernelName(kernel) + " on device " + std::to_string(device) + " needs " + std::to_string(needed) +
-        " (it was sized at trace time for device 0; are the GPUs of different kinds?)");
+        DeviceKernelName(plan.kernel) + " on device " + std::to_string(device) + " needs " +
+        std::to_string(plan.workspace_bytes) + " (it was sized at trace time for device 0; are the GPUs of different kinds?)");
   }
   if (CheckDeviceSizes()) TE_ASYNC_RETURN_IF_ERROR(CheckSizesSynchronously(s, group_sizes.untyped_data(), stream));
   if (PoisonOutputs()) TE_ASYNC_CUDA(cudaMemsetAsync(out->untyped_data(), 0xff, out->size_bytes(), stream));
@@ -92,8 +101,8 @@ ffi::Error GroupedGemmDevice(cudaStream_t stream, int32_t device, ffi::AnyBuffer
   g.out = out->untyped_data();
   g.workspace = workspace->untyped_data();
   g.workspace_bytes = workspace->size_bytes();
-  g.sm_count = info.sm_count;
-  return Launch(kernel, g, stream);
+  g.sm_count = plan.info.sm_count;
+  return Launch(plan.kernel, g, stream);
 }
 
 }  // namespace

@@ -40,19 +40,17 @@ NB_MODULE(_te_async_cuda, m) {
       "device_plan",
       [](int64_t groups, int64_t rows, int64_t k, int64_t n, bool ragged_k, bool transpose_rhs,
          const std::string& in_dtype, const std::string& out_dtype, int device) {
-        te_async::DeviceInfo info;
-        if (xla::ffi::Error e = te_async::QueryDevice(device, &info); e.failure()) {
-          throw std::runtime_error(e.message());
-        }
         const te_async::GroupedGemmShape s =
             te_async::ShapeFromStatic(groups, rows, k, n, ragged_k, transpose_rhs, in_dtype, out_dtype);
-        const te_async::DeviceKernel kernel =
-            te_async::ChooseDeviceKernel(s, info.compute_capability, te_async::CutlassBuilt());
-        std::string name = te_async::DeviceKernelName(kernel);
+        te_async::DevicePlan plan;
+        if (xla::ffi::Error e = te_async::PlanDeviceGemm(s, device, &plan); e.failure()) {
+          throw std::runtime_error(e.message());
+        }
+        std::string name = te_async::DeviceKernelName(plan.kernel);
 #ifdef TE_ASYNC_HAVE_CUTLASS
-        if (kernel == te_async::DeviceKernel::kCutlassSm90) name = te_async::CutlassSm90ConfigName(s);
+        if (plan.kernel == te_async::DeviceKernel::kCutlassSm90) name = te_async::CutlassSm90ConfigName(s);
 #endif
-        return std::make_tuple(name, te_async::DeviceWorkspaceBytes(s, kernel, info.sm_count));
+        return std::make_tuple(name, plan.workspace_bytes);
       },
       nb::arg("groups"), nb::arg("rows"), nb::arg("k"), nb::arg("n"), nb::arg("ragged_k"), nb::arg("transpose_rhs"),
       nb::arg("in_dtype"), nb::arg("out_dtype"), nb::arg("device"));
