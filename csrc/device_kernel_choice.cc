@@ -20,8 +20,12 @@ bool CutlassShapeEligible(const GroupedGemmShape& s) {
 }
 
 DeviceKernel ChooseDeviceKernel(const GroupedGemmShape& s, int compute_capability, bool cutlass_built) {
-  if (!s.ragged_k && s.rows <= SmallGroupsMaxRows()) return DeviceKernel::kSmallGroups;
-  if (compute_capability == 90 && cutlass_built && CutlassShapeEligible(s)) return DeviceKernel::kCutlassSm90;
+  const bool cutlass = compute_capability == 90 && cutlass_built && CutlassShapeEligible(s);
+  const bool few_rows_per_group = s.rows <= kSmallGroupsMaxRowsPerGroup * (s.groups > 0 ? s.groups : 1);
+  if (!s.ragged_k && s.rows <= SmallGroupsMaxRows() && (few_rows_per_group || !cutlass)) {
+    return DeviceKernel::kSmallGroups;
+  }
+  if (cutlass) return DeviceKernel::kCutlassSm90;
   return DeviceKernel::kPortable;
 }
 

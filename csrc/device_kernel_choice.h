@@ -18,6 +18,12 @@ enum class DeviceKernel {
 
 // Up to this many ragged rows (tokens x top-k) the weights, not the math, set the time.
 inline constexpr int64_t kSmallGroupsMaxRows = 512;
+// Where the CUTLASS kernel can run, small_groups keeps only shapes of at most this many rows per
+// group on average: its FP32 FMAs grow with the rows an expert gets, the tensor-core kernel's time
+// does not. On an H200 (docs/benchmarks.md) the two tied at 1.5-2 rows per group (DeepSeek-V2-Lite
+// T=16, Mixtral T=8); small_groups won below (46 vs 66 us at T=1), CUTLASS above (309 vs 468 us
+// per layer at DeepSeek T=64, 6 rows per group; 3.1 vs 9.3 ms a step at Mixtral T=64, 16 rows).
+inline constexpr int64_t kSmallGroupsMaxRowsPerGroup = 2;
 
 // kSmallGroupsMaxRows, or TE_ASYNC_SMALL_GROUPS_MAX_ROWS where set (for benchmarking the rule).
 int64_t SmallGroupsMaxRows();
@@ -28,9 +34,10 @@ bool CutlassShapeEligible(const GroupedGemmShape& s);
 
 // compute_capability is major * 10 + minor; cutlass_built says whether the CUTLASS kernels were
 // compiled into the CUDA extension.
-//   ragged m and M <= SmallGroupsMaxRows()         -> kSmallGroups
-//   sm_90, CUTLASS built, CutlassShapeEligible(s)  -> kCutlassSm90
-//   otherwise                                      -> kPortable
+//   ragged m, M <= SmallGroupsMaxRows() and, where CUTLASS can run,
+//     M <= kSmallGroupsMaxRowsPerGroup * G              -> kSmallGroups
+//   sm_90, CUTLASS built, CutlassShapeEligible(s)     -> kCutlassSm90
+//   otherwise                                         -> kPortable
 DeviceKernel ChooseDeviceKernel(const GroupedGemmShape& s, int compute_capability, bool cutlass_built);
 
 const char* DeviceKernelName(DeviceKernel k);

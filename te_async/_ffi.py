@@ -74,6 +74,14 @@ def device_plan(groups: int, rows: int, k: int, n: int, ragged_k: bool, transpos
     return tuple(_te_async_cuda.device_plan(groups, rows, k, n, ragged_k, transpose_rhs, in_dtype, out_dtype, 0))
 
 
+def cutlass_configs(form: str) -> list:
+    """The CUTLASS configs a form ("m", "mt", "k") can run, the values TE_ASYNC_CUTLASS_CONFIG
+    accepts; empty where CUTLASS is not built."""
+    if _te_async_cuda is None:
+        return []
+    return list(_te_async_cuda.CUTLASS_CONFIGS.get(form, []))
+
+
 def device_kernel_choice(*args, **kwargs) -> str:
     """The C++ kernel rule (csrc/device_kernel_choice.h) for any target, GPU or not."""
     return _te_async_cpu.device_kernel_choice(*args, **kwargs)

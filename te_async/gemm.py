@@ -81,8 +81,9 @@ def grouped_gemm(
     Accumulates in float32 whatever the input dtype.
 
     group_sizes_mode: "device" reads the sizes on the GPU: no copy, no host wait, CUDA-graph safe;
-    it is the default wherever it has a fast kernel for the shape (decode sizes; see
-    _ffi.device_mode_is_fast), and "async" is the default elsewhere. In device mode a negative
+    it is the default wherever it has a fast kernel for the shape (decode sizes, and any size on
+    Hopper with the CUTLASS kernels built; see _ffi.device_mode_is_fast), and "async" is the
+    default elsewhere. In device mode a negative
     size counts as 0 and a sum past M is cut at M (set TE_ASYNC_CHECK_DEVICE_SIZES=1 to raise
     instead, as the other modes do). "sync" reads the sizes
     to the host inside the call (TE's behaviour); "async" uses `host_group_sizes` (or makes one)

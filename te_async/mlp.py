@@ -163,9 +163,10 @@ def grouped_mlp(
     x, norm_scale, norm_bias, w_fc1 and w_fc2. Pass `host_group_sizes` made by copy_group_sizes
     right after routing to start the copy before the token permutation (async mode).
 
-    group_sizes_mode: None means "device" where it has a fast kernel for these shapes (always at
-    decode sizes, M <= 512 rows) unless `use_async_d2h_group_sizes` or `host_group_sizes` asks for
-    "async", which is also the default elsewhere; see grouped_gemm for the modes. The mode that runs is
+    group_sizes_mode: None means "device" where it has a fast kernel for these shapes (at decode
+    sizes, M <= 512 rows, and on Hopper with the CUTLASS kernels built at any size) unless
+    `use_async_d2h_group_sizes` or `host_group_sizes` asks for "async", which is also the default
+    elsewhere; see grouped_gemm for the modes. The mode that runs is
     logged at debug level on the "te_async" logger.
     """
     x, group_sizes = jnp.asarray(x), jnp.asarray(group_sizes)

@@ -69,7 +69,8 @@ def test_gradients_match_single_device(rng, mode):
         return jax.jit(jax.grad(lambda x, p: jnp.sum(jnp.tanh(block(x, p))), argnums=(0, 1)))(x, p)
 
     got = grads(lambda x, p: moe_block_ep(x, **p, mesh=mesh, top_k=TOP_K, group_sizes_mode=mode), *on_mesh(mesh, x, p))
-    want = grads(lambda x, p: moe_block(x, **p, top_k=TOP_K, group_sizes_mode=mode), x, p)
+    want = grads(lambda x, p: moe_block(x, **p, top_k=TOP_K, group_sizes_mode=mode),
+                 *jax.device_put((x, p), jax.devices("cpu")[0]))
     for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
         assert rel_error(g, w) < 1e-5
 
@@ -91,6 +92,7 @@ def received_rows(x, p, devices, experts):
 def dropping_reference(x, p, devices, capacity):
     """float64 moe output where each device's buffer fills expert by expert, source device by
     source device (tokens in order, then choices), and rows past `capacity` count as zero."""
+    x, p = jax.device_put((x, p), jax.devices("cpu")[0])  # the mesh's backend: no TF32 routing on a GPU
     weights, chosen = (np.asarray(a) for a in route_top_k(x, p["router"], TOP_K))
     tokens, experts = x.shape[0], p["router"].shape[1]
     per_device = experts // devices

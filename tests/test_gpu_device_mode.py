@@ -92,6 +92,19 @@ def test_cutlass_kernel(rng, dtype, groups, ragged, transpose_rhs):
     check(rng, dtype, groups, rows, 256, 384, ragged, transpose_rhs, kind, expect_kernel="cutlass_sm90")
 
 
+CUTLASS_FORM_CONFIGS = [(form, config) for form in ("m", "mt", "k") for config in _ffi.cutlass_configs(form)]
+
+
+@pytest.mark.parametrize("form,config", CUTLASS_FORM_CONFIGS)
+def test_cutlass_every_config(rng, monkeypatch, form, config):
+    """Each config the heuristic or TE_ASYNC_CUTLASS_CONFIG can pick, on uneven sizes with zeros."""
+    ragged, transpose_rhs = ("k", False) if form == "k" else ("m", form == "mt")
+    monkeypatch.setenv("TE_ASYNC_CUTLASS_CONFIG", config)
+    for kind in ("skewed", "zeros", "underfull"):
+        check(rng, jnp.bfloat16, 24, int(rng.integers(1500, 4000)), 256, 384, ragged, transpose_rhs, kind,
+              expect_kernel="cutlass_sm90")
+
+
 @pytest.mark.parametrize("kind", SIZE_KINDS)
 def test_cutlass_kernel_prefill_like(rng, kind):
     if kernel_for(64, 6144, 1024, 1408, "m", False, jnp.bfloat16) != "cutlass_sm90":

@@ -186,8 +186,15 @@ def test_checked_device_mode_raises(tmp_path):
     "shape,cc,cutlass,expected",
     [
         (dict(rows=6, k=2048, n=2816), 90, True, "small_groups"),  # decode, T=1, top-6
-        (dict(rows=512, k=2048, n=2816), 90, True, "small_groups"),
-        (dict(rows=513, k=2048, n=2816), 90, True, "cutlass_sm90"),
+        (dict(rows=128, k=2048, n=2816), 90, True, "small_groups"),  # 2 rows per group
+        (dict(rows=129, k=2048, n=2816), 90, True, "cutlass_sm90"),  # more: tensor cores win
+        (dict(rows=384, k=2048, n=2816), 90, True, "cutlass_sm90"),  # DeepSeek-V2-Lite T=64
+        (dict(rows=384, k=2048, n=2816), 90, False, "small_groups"),  # ... where only SIMT kernels run
+        (dict(rows=512, k=2048, n=2816), 80, True, "small_groups"),
+        (dict(rows=513, k=2048, n=2816), 80, True, "portable"),
+        (dict(groups=8, rows=16, k=4096, n=28672), 90, True, "small_groups"),  # Mixtral T=8, top-2
+        (dict(groups=8, rows=128, k=4096, n=28672), 90, True, "cutlass_sm90"),  # Mixtral T=64
+        (dict(rows=300, k=2048, n=2820), 90, True, "small_groups"),  # CUTLASS-ineligible N
         (dict(rows=24576, k=2048, n=2816), 90, True, "cutlass_sm90"),  # prefill
         (dict(rows=24576, k=2048, n=2816), 90, False, "portable"),  # CUTLASS not built
         (dict(rows=24576, k=2048, n=2816), 80, True, "portable"),  # not Hopper

@@ -34,6 +34,12 @@ def operands(rng):
     return lhs, jnp.asarray(rng.standard_normal((G, K, N)), jnp.float32), jnp.asarray(sizes)
 
 
+def on_cpu(*arrays):
+    """On the first CPU device: unsharded results to compare with the CPU mesh's must come from the
+    same CPU handler (on a GPU machine the default device would run cuBLAS)."""
+    return jax.device_put(arrays, jax.devices("cpu")[0])
+
+
 def mesh(axis_type=AxisType.Auto):
     return Mesh(np.array(jax.devices("cpu")[:4]), ("ep",), axis_types=(axis_type,))
 
@@ -50,7 +56,7 @@ def test_unguarded_call_all_gathers_silently(rng):
 
 
 def test_replicated_operands_pass(rng):
-    lhs, rhs, sizes = operands(rng)
+    lhs, rhs, sizes = on_cpu(*operands(rng))
     want = np.asarray(te_async.grouped_gemm(lhs, rhs, sizes, group_sizes_mode="sync"))
     np.testing.assert_array_equal(guarded_gemm(lhs, rhs, sizes), want)  # eager
     np.testing.assert_array_equal(jax.jit(guarded_gemm)(lhs, rhs, sizes), want)  # one device
@@ -79,7 +85,7 @@ def test_output_sharding_constraint_with_replicated_operands_passes(rng):
     lhs, rhs, sizes = operands(rng)
     m = mesh()
     f = jax.jit(lambda *a: jax.lax.with_sharding_constraint(guarded_gemm(*a), NamedSharding(m, P("ep"))))
-    np.testing.assert_array_equal(f(lhs, rhs, sizes), raw_gemm(lhs, rhs, sizes))
+    np.testing.assert_array_equal(f(lhs, rhs, sizes), raw_gemm(*on_cpu(lhs, rhs, sizes)))
 
 
 def test_shard_map_body_runs_on_local_shards(rng):
@@ -90,7 +96,7 @@ def test_shard_map_body_runs_on_local_shards(rng):
     f = jax.jit(jax.shard_map(guarded_gemm, mesh=m, in_specs=(P("ep"), P(), P()), out_specs=P("ep")))
     args = (put(m, lhs, "ep"), put(m, rhs), put(m, sizes))
     assert "all-gather" not in f.lower(*args).compile().as_text()
-    want = np.concatenate([raw_gemm(block, rhs, sizes) for block in np.split(np.asarray(lhs), 4)])
+    want = np.concatenate([raw_gemm(*on_cpu(block, rhs, sizes)) for block in np.split(np.asarray(lhs), 4)])
     np.testing.assert_array_equal(f(*args), want)
 
 

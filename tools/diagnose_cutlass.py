@@ -1,6 +1,6 @@
 """Where device mode's CUTLASS kernel disagrees with float64: per form and config, the error and
-the map of bad output tiles. GPU machine only; each config runs in its own process because
-TE_ASYNC_CUTLASS_CONFIG is read once.
+the map of bad output tiles. GPU machine only; each config runs in its own process, so that no
+cached executable or recorded command buffer carries one config's kernel into the next.
 
     python3 -P tools/diagnose_cutlass.py            # all forms, default configs, then each m config
 """
@@ -16,7 +16,6 @@ CASES = [  # (groups, rows per group, K, N)
     (8, 384, 2048, 2816),
     (4, 256, 256, 256),
 ]
-M_CONFIGS = ["cutlass_sm90_coop_128x256x64_c2x1", "cutlass_sm90_pingpong_64x128x64_c1x1", "cutlass_sm90_pingpong_128x128x64_c1x2"]
 
 
 def check(form: str) -> list:
@@ -67,7 +66,9 @@ def main():
     if len(sys.argv) > 1:  # child: one form under the inherited TE_ASYNC_CUTLASS_CONFIG
         print(json.dumps(check(sys.argv[1])))
         return
-    runs = [(form, None) for form in ("m", "mt", "k")] + [("m", c) for c in M_CONFIGS]
+    from te_async import _ffi
+
+    runs = [(form, None) for form in ("m", "mt", "k")] + [("m", c) for c in _ffi.cutlass_configs("m")]
     for form, config in runs:
         env = dict(os.environ)
         if config:

@@ -2,10 +2,10 @@
 # Builds te_async on the GPU machine (no registry access: the image's jax, nanobind and
 # scikit-build-core build it), runs the GPU tests and the benchmarks, and writes logs and
 # results under $OUT. Usage: tools/gpu_check.sh [stage ...], stages: build test sanitize example
-# layer prefill decode-gemm decode stall ep (default: build test example layer prefill). Python runs
-# with -P so that the installed package, not the source folder, is imported. WITH_CUTLASS=1 also
-# builds the experimental CUTLASS kernel, its headers from an nvidia-cutlass wheel carried in .whl/
-# (the machine has no registry access).
+# layer prefill decode-gemm decode cmdbuf stall ep (default: build test example layer prefill). Python runs
+# with -P so that the installed package, not the source folder, is imported. The CUTLASS kernels
+# are built when an nvidia-cutlass wheel is carried in .whl/ (the machine has no registry access;
+# `pip download --no-deps nvidia-cutlass==4.2.0.0 -d .whl`), unless WITH_CUTLASS=0.
 set -uo pipefail
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
@@ -35,13 +35,15 @@ for stage in $stages; do
         site=$(cd / && python3 -c "import te_async, os; print(os.path.dirname(te_async.__file__))")
         cp te_async/*.py "$site/" && cp te_async/bench/*.py "$site/bench/"
       else
-        # WITH_CUTLASS=1 builds the experimental CUTLASS kernel from a wheel carried in .whl/.
+        # The CUTLASS kernels' headers come from an nvidia-cutlass wheel carried in .whl/ (the
+        # machine has no registry access); WITH_CUTLASS=0 builds without them.
         cmake_defs=()
         wheel=$(ls .whl/nvidia_cutlass-*.whl 2>/dev/null | head -n 1)
-        if [ "${WITH_CUTLASS:-0}" = 1 ] && [ -n "$wheel" ]; then
+        if [ "${WITH_CUTLASS:-1}" = 0 ]; then
+          cmake_defs=(--config-settings=cmake.define.TE_ASYNC_WITH_CUTLASS=OFF)
+        elif [ -n "$wheel" ]; then
           python3 -c "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall('/tmp/cutlass')" "$wheel"
           export CUTLASS_INCLUDE_DIR=/tmp/cutlass/cutlass_library/source/include
-          cmake_defs=(--config-settings=cmake.define.TE_ASYNC_WITH_CUTLASS=ON)
         fi
         mkdir -p "$OUT/gpubuild"
         run build env CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) python3 -m pip wheel --no-build-isolation --no-deps -v \
@@ -63,9 +65,10 @@ for stage in $stages; do
       tail -n 5 "$OUT/sanitize.log" ;;
     example) run example python3 examples/moe_decode.py --steps 20; tail -n 5 "$OUT/example.log" ;;
     layer) run layer python3 -P -m te_async.bench layer --out "$OUT"; cat "$OUT/layer.md" ;;
-    prefill) run prefill python3 -P -m te_async.bench prefill --out "$OUT"; cat "$OUT/prefill.md" ;;
+    prefill) run prefill python3 -P -m te_async.bench prefill --out "$OUT" ${PREFILL_ARGS:-}; cat "$OUT/prefill.md" ;;
     decode-gemm) run decode_gemm python3 -P -m te_async.bench decode-gemm --out "$OUT" ${DECODE_GEMM_ARGS:-}; cat "$OUT/decode_gemm.md" ;;
     decode) run decode python3 -P -m te_async.bench decode --out "$OUT" ${DECODE_ARGS:-}; cat "$OUT/decode.md" ;;
+    cmdbuf) run cmdbuf python3 -P tools/cmdbuf_probe.py --out "$OUT"; tail -n 40 "$OUT/cmdbuf.log" ;;
     stall) OUT=$OUT run stall python3 repro/stall/run_all.py; tail -n 30 "$OUT/stall.log" ;;
     ep)  # needs 2 GPUs (kind nvidia-h200-x2)
       run ep_test python3 -P -m pytest -q -rs -p no:cacheprovider --rootdir=. tests/test_expert_parallel.py tests/test_sharding.py

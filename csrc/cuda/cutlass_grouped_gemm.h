@@ -41,30 +41,45 @@ namespace cutlass_sm90 {
 //   kRaggedK:   out[g] = lhs[rows_g]^T @ rhs[rows_g], out [G,K,N]  (A M-major, B N-major)
 enum class Form : int { kRaggedM = 0, kRaggedMT = 1, kRaggedK = 2 };
 
-// Instantiated kernel configs: schedule, CTA tile (M x N x K-step) and cluster (M x N).
+// Kernel configs: schedule, CTA tile (M x N x K-step) and cluster (M x N).
 enum class Tile : int {
   kCoop128x256C1x2 = 0,  // cooperative, 2 consumer warp groups on one 128x256 tile, A multicast
-  kCoop128x256C2x1 = 1,  // same tile, cluster along M: B multicast
+  kCoop128x256C1x1 = 1,  // same tile, no cluster: for an odd number of N-tiles
   kPing64x128C1x1 = 2,   // ping-pong, one warp group per 64x128 tile: groups of a few dozen rows
   kPing128x128C1x2 = 3,  // ping-pong 128x128: epilogue of one warp group hidden behind the other's
   kPing128x128C2x1 = 4,  //   mainloop; for short reductions (few K-steps a tile)
 };
+inline constexpr int kNumTiles = 5;
 
-// Which tiles each form instantiates: 4 per ragged-m form, 3 for ragged k, per dtype (22 kernels).
+// Which forms run each config. CMakeLists.txt reads the lines of kTileForms (one per config) and
+// compiles one TU per (dtype, form, config) listed here, so a config costs build time only where
+// it is used: 4 per ragged-m form, 3 for ragged k, times 2 dtypes.
+enum FormBit : unsigned { kFormM = 1u << 0, kFormMT = 1u << 1, kFormK = 1u << 2 };
+struct TileForms {
+  Tile tile;
+  unsigned forms;
+};
+inline constexpr TileForms kTileForms[kNumTiles] = {
+    {Tile::kCoop128x256C1x2, kFormM | kFormMT | kFormK},
+    {Tile::kCoop128x256C1x1, kFormM | kFormMT},
+    {Tile::kPing64x128C1x1, kFormM | kFormMT},
+    {Tile::kPing128x128C1x2, kFormM | kFormMT | kFormK},
+    {Tile::kPing128x128C2x1, kFormK},
+};
+
 constexpr bool FormHasTile(Form f, Tile t) {
-  if (f == Form::kRaggedK) {
-    return t == Tile::kCoop128x256C1x2 || t == Tile::kPing128x128C1x2 || t == Tile::kPing128x128C2x1;
+  for (const TileForms& e : kTileForms) {
+    if (e.tile == t) return (e.forms & (1u << static_cast<int>(f))) != 0;
   }
-  return t == Tile::kCoop128x256C1x2 || t == Tile::kCoop128x256C2x1 || t == Tile::kPing64x128C1x1 ||
-         t == Tile::kPing128x128C1x2;
+  return false;
 }
 
 inline const char* TileName(Tile t) {
   switch (t) {
     case Tile::kCoop128x256C1x2:
       return "cutlass_sm90_coop_128x256x64_c1x2";
-    case Tile::kCoop128x256C2x1:
-      return "cutlass_sm90_coop_128x256x64_c2x1";
+    case Tile::kCoop128x256C1x1:
+      return "cutlass_sm90_coop_128x256x64_c1x1";
     case Tile::kPing64x128C1x1:
       return "cutlass_sm90_pingpong_64x128x64_c1x1";
     case Tile::kPing128x128C1x2:
@@ -115,8 +130,8 @@ inline WorkspaceLayout MakeWorkspaceLayout(int64_t groups, size_t cutlass_bytes)
   return l;
 }
 
-// Per-instance entry points, defined by the instantiation TUs
-// (cutlass_grouped_gemm_<dtype>_<form>.cu) through explicit instantiation.
+// Per-instance entry points, defined by explicit instantiation in the TUs that CMakeLists.txt
+// generates, one per (dtype, form, config) of kTileForms; call them only where FormHasTile.
 //   CutlassBytes: Gemm::get_workspace_size for `groups` groups on `sm_count` SMs (host only).
 //   Run: the setup kernel and the grouped GEMM, on `stream`. The caller has checked the shape
 //        (Supports, non-degenerate extents), the alignment and the workspace size.
@@ -125,38 +140,6 @@ size_t CutlassBytes(int64_t groups, int sm_count);
 
 template <xla::ffi::DataType D, Form F, Tile T>
 xla::ffi::Error Run(const DeviceGemm& g, cudaStream_t stream);
-
-#define TE_ASYNC_CUTLASS_FOR_EACH_INSTANCE(X)                                      \
-  X(BF16, kRaggedM, kCoop128x256C1x2)                                               \
-  X(BF16, kRaggedM, kCoop128x256C2x1)                                               \
-  X(BF16, kRaggedM, kPing64x128C1x1)                                                \
-  X(BF16, kRaggedM, kPing128x128C1x2)                                               \
-  X(BF16, kRaggedMT, kCoop128x256C1x2)                                              \
-  X(BF16, kRaggedMT, kCoop128x256C2x1)                                              \
-  X(BF16, kRaggedMT, kPing64x128C1x1)                                               \
-  X(BF16, kRaggedMT, kPing128x128C1x2)                                              \
-  X(BF16, kRaggedK, kCoop128x256C1x2)                                               \
-  X(BF16, kRaggedK, kPing128x128C1x2)                                               \
-  X(BF16, kRaggedK, kPing128x128C2x1)                                               \
-  X(F16, kRaggedM, kCoop128x256C1x2)                                                \
-  X(F16, kRaggedM, kCoop128x256C2x1)                                                \
-  X(F16, kRaggedM, kPing64x128C1x1)                                                 \
-  X(F16, kRaggedM, kPing128x128C1x2)                                                \
-  X(F16, kRaggedMT, kCoop128x256C1x2)                                               \
-  X(F16, kRaggedMT, kCoop128x256C2x1)                                               \
-  X(F16, kRaggedMT, kPing64x128C1x1)                                                \
-  X(F16, kRaggedMT, kPing128x128C1x2)                                               \
-  X(F16, kRaggedK, kCoop128x256C1x2)                                                \
-  X(F16, kRaggedK, kPing128x128C1x2)                                                \
-  X(F16, kRaggedK, kPing128x128C2x1)
-
-#define TE_ASYNC_CUTLASS_EXTERN(dtype, form, tile)                                               \
-  extern template size_t CutlassBytes<xla::ffi::DataType::dtype, Form::form, Tile::tile>(int64_t, \
-                                                                                          int);   \
-  extern template xla::ffi::Error Run<xla::ffi::DataType::dtype, Form::form, Tile::tile>(        \
-      const DeviceGemm&, cudaStream_t);
-TE_ASYNC_CUTLASS_FOR_EACH_INSTANCE(TE_ASYNC_CUTLASS_EXTERN)
-#undef TE_ASYNC_CUTLASS_EXTERN
 
 }  // namespace cutlass_sm90
 }  // namespace te_async
@@ -219,13 +202,6 @@ struct TileTraits<Tile::kCoop128x256C1x2> {
   using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
 };
 template <>
-struct TileTraits<Tile::kCoop128x256C2x1> {
-  using TileShape = cute::Shape<cute::_128, cute::_256, cute::_64>;
-  using ClusterShape = cute::Shape<cute::_2, cute::_1, cute::_1>;
-  using KernelSchedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
-  using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
-};
-template <>
 struct TileTraits<Tile::kPing64x128C1x1> {
   using TileShape = cute::Shape<cute::_64, cute::_128, cute::_64>;
   using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
@@ -245,6 +221,13 @@ struct TileTraits<Tile::kPing128x128C2x1> {
   using ClusterShape = cute::Shape<cute::_2, cute::_1, cute::_1>;
   using KernelSchedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong;
   using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong;
+};
+template <>
+struct TileTraits<Tile::kCoop128x256C1x1> {
+  using TileShape = cute::Shape<cute::_128, cute::_256, cute::_64>;
+  using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
+  using KernelSchedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
+  using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
 };
 
 // The CUTLASS kernel of one (dtype, form, tile): f32 accumulation, D = acc in the input dtype,
@@ -527,7 +510,7 @@ xla::ffi::Error Run(const DeviceGemm& g, cudaStream_t stream) {
 }  // namespace cutlass_sm90
 }  // namespace te_async
 
-// Explicit instantiation of one (dtype, form, tile) in an instantiation TU.
+// Explicit instantiation of one (dtype, form, tile) in a TU generated by CMakeLists.txt.
 #define TE_ASYNC_CUTLASS_INSTANTIATE(dtype, form, tile)                                            \
   namespace te_async::cutlass_sm90 {                                                               \
   template size_t CutlassBytes<xla::ffi::DataType::dtype, Form::form, Tile::tile>(int64_t, int);   \

@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <string>
 #include <tuple>
+#include <utility>
 
 #include "ffi_capsule.h"
 #include "cuda/cutlass_grouped_gemm.h"
@@ -55,6 +56,21 @@ NB_MODULE(_te_async_cuda, m) {
       nb::arg("groups"), nb::arg("rows"), nb::arg("k"), nb::arg("n"), nb::arg("ragged_k"), nb::arg("transpose_rhs"),
       nb::arg("in_dtype"), nb::arg("out_dtype"), nb::arg("device"));
   m.attr("CUTLASS_BUILT") = te_async::CutlassBuilt();
+  // The configs each form can run, by form ("m", "mt", "k"), for TE_ASYNC_CUTLASS_CONFIG; empty
+  // when CUTLASS is not built.
+  nb::dict configs;
+  if (te_async::CutlassBuilt()) {
+    using te_async::cutlass_sm90::Form;
+    for (auto [key, form] : {std::pair{"m", Form::kRaggedM}, {"mt", Form::kRaggedMT}, {"k", Form::kRaggedK}}) {
+      nb::list names;
+      for (int i = 0; i < te_async::cutlass_sm90::kNumTiles; ++i) {
+        const auto tile = static_cast<te_async::cutlass_sm90::Tile>(i);
+        if (te_async::cutlass_sm90::FormHasTile(form, tile)) names.append(te_async::cutlass_sm90::TileName(tile));
+      }
+      configs[key] = names;
+    }
+  }
+  m.attr("CUTLASS_CONFIGS") = configs;
   m.def("release", []() {
     te_async::StreamPool::ReleaseAll();
     te_async::HostSizeSlots::ReleaseAll();

@@ -7,8 +7,10 @@ Beside te_async's modes: jax.lax.ragged_dot (XLA), the Pallas Mosaic-GPU ragged_
 it imports, and a dense GEMM of the same FLOPs.
 """
 
+import contextlib
 import functools
 import math
+import os
 
 import jax
 import jax.numpy as jnp
@@ -31,6 +33,8 @@ GEMMS = {"fc1": (HIDDEN, 2 * FFN), "fc2": (FFN, HIDDEN)}  # K, N
 def add_arguments(p) -> None:
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--contenders", nargs="*", default=None, help="default: all that run here")
+    p.add_argument("--cutlass-configs", action="store_true",
+                   help="also run device mode once per CUTLASS config (te_async_device[<config>]), for tuning the heuristic")
 
 
 def _mgpu_ragged_dot():
@@ -45,8 +49,10 @@ def _mgpu_ragged_dot():
     return lambda lhs, rhs, gs: ragged_dot_mgpu.ragged_dot(lhs, rhs, group_sizes=gs, **kw)
 
 
-def contenders(rows: int, k: int, n: int) -> dict:
+def contenders(rows: int, k: int, n: int, cutlass_configs: bool = False) -> dict:
     out = {f"te_async_{m}": functools.partial(grouped_gemm, group_sizes_mode=m) for m in GROUP_SIZES_MODES}
+    for config in _ffi.cutlass_configs("m") if cutlass_configs else []:
+        out[f"te_async_device[{config}]"] = functools.partial(grouped_gemm, group_sizes_mode="device")
     out["xla_ragged_dot"] = lambda lhs, rhs, gs: jax.lax.ragged_dot(lhs, rhs, gs)
     mgpu = _mgpu_ragged_dot()
     if mgpu is not None:
@@ -68,22 +74,26 @@ def run(args) -> dict:
             lhs_sets = [(jax.random.normal(jax.random.fold_in(key, i), (rows, k), dtype), rhs, gs) for i in range(2)]
             flops = 2 * rows * k * n
             reference = None
-            for name, fn in contenders(rows, k, n).items():
+            for name, fn in contenders(rows, k, n, args.cutlass_configs).items():
                 if args.contenders and name not in args.contenders:
                     continue
                 row = {"gemm": gemm, "split": split, "contender": name, "m": rows, "k": k, "n": n}
                 if name == "te_async_device":
                     row["kernel"] = _ffi.device_plan(EXPERTS, rows, k, n, False, False, *[jnp.dtype(dtype).name] * 2)[0]
+                config = name[len("te_async_device["):-1] if name.startswith("te_async_device[") else None
+                if config:
+                    row["kernel"] = config
                 try:
-                    f = jax.jit(fn)
-                    reps = args.reps if name != "xla_ragged_dot" else max(5, args.reps // 6)  # ~25 ms per call
-                    t = timing.time_calls(f, lhs_sets, reps=reps, inner=3)
-                    row.update(t.as_dict(), tflops=flops / t.median_s / 1e12)
-                    if name != "dense_same_flops":
-                        out = np.asarray(f(*lhs_sets[0]), np.float32)
-                        if reference is None:
-                            reference = out
-                        row["rel_error_vs_first"] = float(np.linalg.norm(out - reference) / np.linalg.norm(reference))
+                    with _cutlass_config(config):
+                        f = jax.jit(fn)
+                        reps = args.reps if name != "xla_ragged_dot" else max(5, args.reps // 6)  # ~25 ms per call
+                        t = timing.time_calls(f, lhs_sets, reps=reps, inner=3)
+                        row.update(t.as_dict(), tflops=flops / t.median_s / 1e12)
+                        if name != "dense_same_flops":
+                            out = np.asarray(f(*lhs_sets[0]), np.float32)
+                            if reference is None:
+                                reference = out
+                            row["rel_error_vs_first"] = float(np.linalg.norm(out - reference) / np.linalg.norm(reference))
                 except Exception as e:  # a contender that cannot run here is recorded, not fatal
                     row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
                 results.append(row)
@@ -92,6 +102,24 @@ def run(args) -> dict:
     (args.out / "prefill.md").write_text(markdown(result))
     print(markdown(result))
     return result
+
+
+@contextlib.contextmanager
+def _cutlass_config(config):
+    """TE_ASYNC_CUTLASS_CONFIG for the calls inside (the handler reads it at each call; each
+    contender is a fresh jit, so no recorded command buffer keeps an earlier config)."""
+    if config is None:
+        yield
+        return
+    before = os.environ.get("TE_ASYNC_CUTLASS_CONFIG")
+    os.environ["TE_ASYNC_CUTLASS_CONFIG"] = config
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["TE_ASYNC_CUTLASS_CONFIG"]
+        else:
+            os.environ["TE_ASYNC_CUTLASS_CONFIG"] = before
 
 
 def _line(row) -> str:
