@@ -57,7 +57,7 @@ def test_matches_single_device(rng, mode, devices):
     x, p = setup(rng)
     y = ep(mesh, mode)(*on_mesh(mesh, x, p))
     assert y.sharding.spec == P("ep")
-    assert rel_error(y, single(mode, jax.devices("cpu")[0])(x, p)) < 1e-6
+    assert rel_error(y, single(mode, jax.devices("cpu")[0])(x, p)) < 1e-5  # float32, another summation order
 
 
 @pytest.mark.parametrize("mode", te_async.GROUP_SIZES_MODES)
@@ -80,7 +80,8 @@ def test_tokens_all_to_one_expert(rng):
     mesh = cpu_mesh(4)
     x, p = setup(rng)
     p["router"] = p["router"].at[:, 5].add(100.0)  # expert 5, on device 2, wins every token
-    assert rel_error(ep(mesh, "sync")(*on_mesh(mesh, x, p)), single("sync", jax.devices("cpu")[0])(x, p)) < 1e-6
+    want = single("sync", jax.devices("cpu")[0])(x, p)
+    assert rel_error(ep(mesh, "sync")(*on_mesh(mesh, x, p)), want) < 1e-5  # float32, another summation order
 
 
 def received_rows(x, p, devices, experts):
@@ -117,7 +118,7 @@ def test_capacity_drops_rows_past_the_buffer(rng):
     x, p = setup(rng, tokens=32)
     loads = received_rows(x, p, 4, 8)
     exact = ep(mesh, "sync", capacity=int(loads.max()))(*on_mesh(mesh, x, p))
-    assert rel_error(exact, single("sync", jax.devices("cpu")[0])(x, p)) < 1e-6
+    assert rel_error(exact, single("sync", jax.devices("cpu")[0])(x, p)) < 1e-5  # float32, another summation order
     tight = int(loads.max()) - 3
     want, kept = dropping_reference(x, p, 4, tight)
     assert not kept.all()
