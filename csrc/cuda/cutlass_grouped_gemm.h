@@ -191,44 +191,29 @@ struct FormTraits {
   using LayoutD = cutlass::layout::RowMajor;
 };
 
+// CTA tile (M x N x 64), cluster (M x N) and schedule of a config.
+template <int kTileM, int kTileN, int kClusterM, int kClusterN, bool kCooperative>
+struct TileSpec {
+  using TileShape = cute::Shape<cute::Int<kTileM>, cute::Int<kTileN>, cute::_64>;
+  using ClusterShape = cute::Shape<cute::Int<kClusterM>, cute::Int<kClusterN>, cute::_1>;
+  using KernelSchedule = std::conditional_t<kCooperative, cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative,
+                                            cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong>;
+  using EpilogueSchedule = std::conditional_t<kCooperative, cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
+                                              cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong>;
+};
+
 template <Tile T>
 struct TileTraits;
-
 template <>
-struct TileTraits<Tile::kCoop128x256C1x2> {
-  using TileShape = cute::Shape<cute::_128, cute::_256, cute::_64>;
-  using ClusterShape = cute::Shape<cute::_1, cute::_2, cute::_1>;
-  using KernelSchedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
-  using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
-};
+struct TileTraits<Tile::kCoop128x256C1x2> : TileSpec<128, 256, 1, 2, true> {};
 template <>
-struct TileTraits<Tile::kPing64x128C1x1> {
-  using TileShape = cute::Shape<cute::_64, cute::_128, cute::_64>;
-  using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
-  using KernelSchedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong;
-  using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong;
-};
+struct TileTraits<Tile::kCoop128x256C1x1> : TileSpec<128, 256, 1, 1, true> {};
 template <>
-struct TileTraits<Tile::kPing128x128C1x2> {
-  using TileShape = cute::Shape<cute::_128, cute::_128, cute::_64>;
-  using ClusterShape = cute::Shape<cute::_1, cute::_2, cute::_1>;
-  using KernelSchedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong;
-  using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong;
-};
+struct TileTraits<Tile::kPing64x128C1x1> : TileSpec<64, 128, 1, 1, false> {};
 template <>
-struct TileTraits<Tile::kPing128x128C2x1> {
-  using TileShape = cute::Shape<cute::_128, cute::_128, cute::_64>;
-  using ClusterShape = cute::Shape<cute::_2, cute::_1, cute::_1>;
-  using KernelSchedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong;
-  using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong;
-};
+struct TileTraits<Tile::kPing128x128C1x2> : TileSpec<128, 128, 1, 2, false> {};
 template <>
-struct TileTraits<Tile::kCoop128x256C1x1> {
-  using TileShape = cute::Shape<cute::_128, cute::_256, cute::_64>;
-  using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
-  using KernelSchedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
-  using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
-};
+struct TileTraits<Tile::kPing128x128C2x1> : TileSpec<128, 128, 2, 1, false> {};
 
 // The CUTLASS kernel of one (dtype, form, tile): f32 accumulation, D = acc in the input dtype,
 // no C operand (ElementC = void: no source load, no C smem; beta stays 0).
