@@ -28,6 +28,7 @@ on its own local sizes right after the count exchange, before the rows move, so 
 overlaps the exchange; the pinned slots and events are per device ordinal.
 """
 
+import functools
 from typing import NamedTuple, Optional
 
 import jax
@@ -140,7 +141,8 @@ def moe_block_ep(
     transport = transport or default_transport(mesh)
     if transport not in TRANSPORTS:
         raise ValueError(f"transport must be one of {TRANSPORTS} or None, got {transport!r}")
-    fast = _ffi.device_mode_is_fast(e // d, capacity, x.shape[1], w_fc1.shape[2], jnp.dtype(x.dtype).name)
+    fast = functools.partial(_ffi.device_mode_is_fast, e // d, capacity, x.shape[1], w_fc1.shape[2],
+                             jnp.dtype(x.dtype).name)
     mode = resolve_group_sizes_mode(group_sizes_mode, use_async_d2h_group_sizes, None, fast)
     exchange = _exchange(transport, axis_name, d)
 

@@ -95,7 +95,7 @@ def grouped_gemm(
         lhs, rhs, group_sizes, ragged=ragged, transpose_rhs=transpose_rhs, preferred_element_type=preferred_element_type
     )
     (m, k), n = lhs.shape, out_type.shape[-1]
-    fast = _ffi.device_mode_is_fast(group_sizes.shape[0], m, k, n, jnp.dtype(lhs.dtype).name)
+    fast = functools.partial(_ffi.device_mode_is_fast, group_sizes.shape[0], m, k, n, jnp.dtype(lhs.dtype).name)
     mode = resolve_group_sizes_mode(group_sizes_mode, use_async_d2h_group_sizes, host_group_sizes, fast)
     if mode == "device":
         return _device_grouped_gemm(lhs, rhs, group_sizes, out_type, ragged == "k", bool(transpose_rhs))

@@ -7,7 +7,7 @@ take the handle wait for that event only (mode "async"). Mode "device", the defa
 its kernels read the sizes on the GPU, so the call can sit inside a CUDA graph.
 """
 
-from typing import NamedTuple, Optional
+from typing import Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -57,15 +57,15 @@ def resolve_group_sizes_mode(
     group_sizes_mode: Optional[str],
     use_async_d2h_group_sizes: bool,
     host_group_sizes: Optional[HostGroupSizes],
-    device_is_fast: bool = True,
+    device_is_fast: Callable[[], bool] = lambda: True,
 ) -> str:
     """One mode from the explicit name, or from TE's spelling `use_async_d2h_group_sizes`.
 
-    With neither: "device" where it has a fast kernel for the shape (`device_is_fast`, see
-    _ffi.device_mode_is_fast), else "async", the fastest host-sized mode.
+    With neither: "device" where it has a fast kernel for the shape (`device_is_fast()`, e.g. a
+    partial of _ffi.device_mode_is_fast, asked only then), else "async", the fastest host-sized mode.
     """
     if group_sizes_mode is None:
-        if use_async_d2h_group_sizes or host_group_sizes is not None or not device_is_fast:
+        if use_async_d2h_group_sizes or host_group_sizes is not None or not device_is_fast():
             return "async"
         return "device"
     if group_sizes_mode not in GROUP_SIZES_MODES:

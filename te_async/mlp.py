@@ -172,7 +172,8 @@ def grouped_mlp(
     x, group_sizes = jnp.asarray(x), jnp.asarray(group_sizes)
     _check(x, group_sizes, w_fc1, w_fc2, norm_scale, norm_bias, norm, activation)
     check_unsharded("te_async.grouped_mlp", x=x, group_sizes=group_sizes, w_fc1=w_fc1, w_fc2=w_fc2)
-    fast = _ffi.device_mode_is_fast(group_sizes.shape[0], x.shape[0], x.shape[1], w_fc1.shape[2], jnp.dtype(x.dtype).name)
+    fast = functools.partial(_ffi.device_mode_is_fast, group_sizes.shape[0], *x.shape, w_fc1.shape[2],
+                             jnp.dtype(x.dtype).name)
     mode = resolve_group_sizes_mode(group_sizes_mode, use_async_d2h_group_sizes, host_group_sizes, fast)
     logger.debug("grouped_mlp: group_sizes_mode=%s G=%d M=%d", mode, group_sizes.shape[0], x.shape[0])
     cfg = _Config(norm, float(eps), activation, mode)

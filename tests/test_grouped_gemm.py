@@ -149,10 +149,10 @@ def test_default_mode_is_device():
 def test_default_mode_needs_a_fast_device_kernel():
     from te_async.group_sizes import resolve_group_sizes_mode
 
-    assert resolve_group_sizes_mode(None, False, None, device_is_fast=True) == "device"
-    assert resolve_group_sizes_mode(None, False, None, device_is_fast=False) == "async"
-    assert resolve_group_sizes_mode(None, True, None, device_is_fast=True) == "async"
-    assert resolve_group_sizes_mode("device", False, None, device_is_fast=False) == "device"
+    assert resolve_group_sizes_mode(None, False, None, device_is_fast=lambda: True) == "device"
+    assert resolve_group_sizes_mode(None, False, None, device_is_fast=lambda: False) == "async"
+    assert resolve_group_sizes_mode(None, True, None, device_is_fast=lambda: True) == "async"
+    assert resolve_group_sizes_mode("device", False, None, device_is_fast=lambda: False) == "device"
 
 
 @pytest.mark.parametrize("ragged,transpose_rhs", FORMS)
