@@ -7,10 +7,10 @@ Beside te_async's modes: jax.lax.ragged_dot (XLA), the Pallas Mosaic-GPU ragged_
 it imports, and a dense GEMM of the same FLOPs.
 """
 
-import contextlib
 import functools
 import math
 import os
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -84,7 +84,9 @@ def run(args) -> dict:
                 if config:
                     row["kernel"] = config
                 try:
-                    with _cutlass_config(config):
+                    # The handler reads TE_ASYNC_CUTLASS_CONFIG at each call, and each contender is a
+                    # fresh jit, so no recorded command buffer keeps an earlier config.
+                    with mock.patch.dict(os.environ, {"TE_ASYNC_CUTLASS_CONFIG": config} if config else {}):
                         f = jax.jit(fn)
                         reps = args.reps if name != "xla_ragged_dot" else max(5, args.reps // 6)  # ~25 ms per call
                         t = timing.time_calls(f, lhs_sets, reps=reps, inner=3)
@@ -102,24 +104,6 @@ def run(args) -> dict:
     (args.out / "prefill.md").write_text(markdown(result))
     print(markdown(result))
     return result
-
-
-@contextlib.contextmanager
-def _cutlass_config(config):
-    """TE_ASYNC_CUTLASS_CONFIG for the calls inside (the handler reads it at each call; each
-    contender is a fresh jit, so no recorded command buffer keeps an earlier config)."""
-    if config is None:
-        yield
-        return
-    before = os.environ.get("TE_ASYNC_CUTLASS_CONFIG")
-    os.environ["TE_ASYNC_CUTLASS_CONFIG"] = config
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ["TE_ASYNC_CUTLASS_CONFIG"]
-        else:
-            os.environ["TE_ASYNC_CUTLASS_CONFIG"] = before
 
 
 def _line(row) -> str:
