@@ -109,6 +109,16 @@ def test_cutlass_every_config(rng, monkeypatch, form, config):
               expect_kernel="cutlass_sm90")
 
 
+def test_cutlass_config_typo_raises(rng, monkeypatch):
+    """A misspelled TE_ASYNC_CUTLASS_CONFIG raises instead of leaving the heuristic on unnoticed."""
+    if kernel_for(8, 1111, 256, 136, "m", False, jnp.bfloat16) != "cutlass_sm90":
+        pytest.skip("CUTLASS sm_90a kernels not built or not a Hopper GPU")
+    monkeypatch.setenv("TE_ASYNC_CUTLASS_CONFIG", "cutlass_sm90_coop_128x265x64_c1x1")
+    _ffi.device_plan.cache_clear()
+    with pytest.raises((ValueError, jax.errors.JaxRuntimeError), match="is not a CUTLASS config"):
+        check(rng, jnp.bfloat16, 8, 1111, 256, 136, "m", False, "random")
+
+
 @pytest.mark.parametrize("kind", SIZE_KINDS)
 def test_cutlass_kernel_prefill_like(rng, kind):
     if kernel_for(64, 6144, 1024, 1408, "m", False, jnp.bfloat16) != "cutlass_sm90":

@@ -104,10 +104,16 @@ Tile HeuristicTile(const GroupedGemmShape& s) {
 
 // TE_ASYNC_CUTLASS_CONFIG, read at each call so that a tuning sweep or a test can switch configs
 // in one process (a new jit each time: a captured command buffer keeps the kernel it recorded).
+// A config of another form leaves this form on its heuristic, so that tuning one form does not
+// break the others; a name that is no config at all is rejected by CheckCutlassConfigOverride.
+const char* ConfigOverride() {
+  const char* name = std::getenv("TE_ASYNC_CUTLASS_CONFIG");
+  return name != nullptr && *name != '\0' ? name : nullptr;
+}
+
 Tile ChooseTile(const GroupedGemmShape& s) {
   const Form f = FormOf(s);
-  const char* name = std::getenv("TE_ASYNC_CUTLASS_CONFIG");
-  if (name != nullptr && *name != '\0') {
+  if (const char* name = ConfigOverride()) {
     for (int i = 0; i < cutlass_sm90::kNumTiles; ++i) {
       const Tile t = static_cast<Tile>(i);
       if (cutlass_sm90::FormHasTile(f, t) && std::strcmp(name, cutlass_sm90::TileName(t)) == 0) return t;
@@ -201,6 +207,19 @@ bool CutlassSm90Supports(const GroupedGemmShape& s) {
          s.rows >= 0 && s.k >= 0 && s.n >= 0;
 }
 
+ffi::Error CheckCutlassConfigOverride() {
+  const char* name = ConfigOverride();
+  if (name == nullptr) return ffi::Error::Success();
+  std::string known;
+  for (int i = 0; i < cutlass_sm90::kNumTiles; ++i) {
+    const char* config = cutlass_sm90::TileName(static_cast<Tile>(i));
+    if (std::strcmp(name, config) == 0) return ffi::Error::Success();
+    known += (i > 0 ? ", " : "") + std::string(config);
+  }
+  return ffi::Error::InvalidArgument(std::string("te_async: TE_ASYNC_CUTLASS_CONFIG=") + name +
+                                     " is not a CUTLASS config; the configs are " + known);
+}
+
 const char* CutlassSm90ConfigName(const GroupedGemmShape& s) {
   if (!CutlassSm90Supports(s)) return "unsupported";
   return cutlass_sm90::TileName(ChooseTile(s));
@@ -243,6 +262,7 @@ ffi::Error LaunchCutlassSm90(const DeviceGemm& g, cudaStream_t stream) {
                                        " workspace bytes, got " + std::to_string(g.workspace_bytes) + " (" +
                                        ShapeText(s) + ", sm_count " + std::to_string(g.sm_count) + ")");
   }
+  TE_ASYNC_RETURN_IF_ERROR(CheckCutlassConfigOverride());
   const Form f = FormOf(s);
   const Tile t = ChooseTile(s);
   return s.in_type == ffi::DataType::BF16 ? DtypeRun<ffi::DataType::BF16>(f, t, g, stream)

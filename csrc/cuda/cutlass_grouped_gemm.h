@@ -33,6 +33,10 @@ namespace te_async {
 // "cutlass_sm90_coop_128x256x64_c1x2"; "unsupported" when CutlassSm90Supports(s) is false.
 const char* CutlassSm90ConfigName(const GroupedGemmShape& s);
 
+// An error when TE_ASYNC_CUTLASS_CONFIG is set to a name that is no config of any form (a typo
+// would otherwise leave every GEMM on the heuristic unnoticed).
+xla::ffi::Error CheckCutlassConfigOverride();
+
 namespace cutlass_sm90 {
 
 // The three GEMM forms of a grouped GEMM (device_gemm.h / grouped_gemm_args.h):

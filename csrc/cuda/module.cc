@@ -49,7 +49,12 @@ NB_MODULE(_te_async_cuda, m) {
         }
         std::string name = te_async::DeviceKernelName(plan.kernel);
 #ifdef TE_ASYNC_HAVE_CUTLASS
-        if (plan.kernel == te_async::DeviceKernel::kCutlassSm90) name = te_async::CutlassSm90ConfigName(s);
+        if (plan.kernel == te_async::DeviceKernel::kCutlassSm90) {
+          if (xla::ffi::Error e = te_async::CheckCutlassConfigOverride(); e.failure()) {
+            throw std::invalid_argument(e.message());
+          }
+          name = te_async::CutlassSm90ConfigName(s);
+        }
 #endif
         return std::make_tuple(name, plan.workspace_bytes);
       },
