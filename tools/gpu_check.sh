@@ -2,7 +2,8 @@
 # Builds te_async on the GPU machine (no registry access: the image's jax, nanobind and
 # scikit-build-core build it), runs the GPU tests and the benchmarks, and writes logs and
 # results under $OUT. Usage: tools/gpu_check.sh [stage ...], stages: build test sanitize example
-# layer prefill decode-gemm decode cmdbuf stall ep (default: build test example layer prefill). Python runs
+# layer prefill decode-gemm decode cmdbuf profile ncu stall ep (default: build test example layer
+# prefill). Python runs
 # with -P so that the installed package, not the source folder, is imported. The CUTLASS kernels
 # are built when an nvidia-cutlass wheel is carried in .whl/ (the machine has no registry access;
 # `pip download --no-deps nvidia-cutlass==4.2.0.0 -d .whl`), unless WITH_CUTLASS=0.
@@ -37,7 +38,9 @@ for stage in $stages; do
       else
         # The CUTLASS kernels' headers come from an nvidia-cutlass wheel carried in .whl/ (the
         # machine has no registry access); WITH_CUTLASS=0 builds without them.
-        cmake_defs=()
+        # The option is passed both ways: the build folder (build/<wheel tag>) keeps its CMake cache
+        # between builds, so an OFF from an earlier build would otherwise stay.
+        cmake_defs=(--config-settings=cmake.define.TE_ASYNC_WITH_CUTLASS=ON)
         wheel=$(ls .whl/nvidia_cutlass-*.whl 2>/dev/null | head -n 1)
         if [ "${WITH_CUTLASS:-1}" = 0 ]; then
           cmake_defs=(--config-settings=cmake.define.TE_ASYNC_WITH_CUTLASS=OFF)
@@ -69,6 +72,15 @@ for stage in $stages; do
     decode-gemm) run decode_gemm python3 -P -m te_async.bench decode-gemm --out "$OUT" ${DECODE_GEMM_ARGS:-}; cat "$OUT/decode_gemm.md" ;;
     decode) run decode python3 -P -m te_async.bench decode --out "$OUT" ${DECODE_ARGS:-}; cat "$OUT/decode.md" ;;
     cmdbuf) run cmdbuf python3 -P tools/cmdbuf_probe.py --out "$OUT"; tail -n 40 "$OUT/cmdbuf.log" ;;
+    profile)  # per-kernel GPU time and the gaps between kernels (CUPTI)
+      run profile python3 -P tools/kernel_times.py ${PROFILE_ARGS:---batches 1 2 4 --prefill fc1 fc2}
+      cat "$OUT/profile.log" ;;
+    ncu)  # hardware counters of the device-mode kernels (decode T=1, 2 and the prefill GEMMs)
+      run ncu timeout 300 ncu --clock-control none --target-processes all -k "regex:${NCU_KERNELS:-SmallGroups|device_kernel}" \
+        --launch-count "${NCU_COUNT:-20}" --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
+        --section LaunchStats --section WarpStateStats --section SchedulerStats \
+        python3 -P tools/kernel_times.py --no-trace --calls 1 --layers 2 ${NCU_ARGS:---batches 1 2 --prefill fc1 fc2}
+      grep -E "SmallGroups|device_kernel|Duration|DRAM Throughput|Memory Throughput|Compute \(SM\)|Achieved Occupancy|Registers Per|Waves Per" "$OUT/ncu.log" | head -n 200 ;;
     stall) OUT=$OUT run stall python3 repro/stall/run_all.py; tail -n 30 "$OUT/stall.log" ;;
     ep)  # needs 2 GPUs (kind nvidia-h200-x2)
       run ep_test python3 -P -m pytest -q -rs -p no:cacheprovider --rootdir=. tests/test_expert_parallel.py tests/test_sharding.py

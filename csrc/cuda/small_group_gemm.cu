@@ -34,7 +34,11 @@
 //   buffering: with 16 resident warps per SM the other warps' loads cover one warp's FMAs, and
 //   the extra buffer pushed the 8-variant kernel past 128 registers into spills. The chunk's
 //   activation rows are staged once per 1024 k-rows into shared memory as f32 [k][8] (one or two
-//   broadcast LDS.128 per k-row, no per-use conversion).
+//   broadcast LDS.128 per k-row, no per-use conversion). Staging is latency-bound and stalls the
+//   whole block at its barriers; with 1-2 rows a thread issues the loads of all its k-rows of a
+//   stage before the first store, one L2 round trip instead of four (H200, DeepSeek T=1: 1.6-1.8
+//   us less per kernel). Tried and measured slower (docs/benchmarks.md): narrower column pieces
+//   for balance, double-buffered weight loads, and a 2048-row stage in dynamic shared memory.
 //   End: a 2-step shuffle reduce-scatter over the 4 k-slices of a warp, then a shared-memory sum
 //   over the 8 warps, then coalesced stores converted to the out dtype.
 // [G,N,K] (dgrad), warp item = 4 columns x one row chunk x all of K: lanes read along K (16-byte
@@ -268,19 +272,27 @@ __device__ __forceinline__ void StageActivations(const T* __restrict__ lhs, int 
                                                  float* buf) {
   const T* x = lhs + static_cast<long long>(row0) * K + k0;  // row r at x + r * K
   const int kmax = K - k0;
-  // Not unrolled: RR loads in flight per pass (L2-resident data), few live registers next to the
-  // accumulators and the prefetched weights.
+  // A thread stages kStageK / kThreads k-rows. With up to 2 rows, the loads of all of them are
+  // issued before the first store: one L2 round trip per stage instead of four. More rows: one
+  // k-row at a time, so that few registers are live next to the accumulators.
+  constexpr int kBatch = RR <= 2 ? kStageK / kThreads : 1;
 #pragma unroll 1
-  for (int kl = OpaqueTid(); kl < kStageK; kl += kThreads) {
-    const bool ok = kl < kmax;
-    float v[kChunkRows];
+  for (int kl0 = OpaqueTid(); kl0 < kStageK; kl0 += kBatch * kThreads) {
+    float v[kBatch][kChunkRows];
 #pragma unroll
-    for (int r = 0; r < kChunkRows; ++r) {
-      v[r] = (r < RR && ok) ? LoadFloat(x + static_cast<long long>(r) * K + kl) : 0.f;
+    for (int p = 0; p < kBatch; ++p) {
+      const int kl = kl0 + p * kThreads;
+#pragma unroll
+      for (int r = 0; r < kChunkRows; ++r) {
+        v[p][r] = (r < RR && kl < kmax) ? LoadFloat(x + static_cast<long long>(r) * K + kl) : 0.f;
+      }
     }
-    float4* dst = reinterpret_cast<float4*>(buf + kl * kChunkRows);
-    dst[0] = make_float4(v[0], v[1], v[2], v[3]);
-    if (RR > 4) dst[1] = make_float4(v[4], v[5], v[6], v[7]);
+#pragma unroll
+    for (int p = 0; p < kBatch; ++p) {
+      float4* dst = reinterpret_cast<float4*>(buf + (kl0 + p * kThreads) * kChunkRows);
+      dst[0] = make_float4(v[p][0], v[p][1], v[p][2], v[p][3]);
+      if (RR > 4) dst[1] = make_float4(v[p][4], v[p][5], v[p][6], v[p][7]);
+    }
   }
 }
 

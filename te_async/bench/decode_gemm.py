@@ -2,9 +2,12 @@
 
 DeepSeek-V2-Lite's experts (64, hidden 2048, ffn 1408, top-6) at T tokens: M = 6T rows routed to
 at most 6T distinct experts. At these sizes the weights, not the math, set the time, so the
-floor of a layer is its active experts' fc1 + fc2 bytes over the HBM bandwidth measured in the
-same run. One call runs L layers (a scan over stacked weights, fresh routing per layer), so the
-time per layer is free of dispatch overhead and no layer finds its weights in L2.
+floor of a layer is its active experts' fc1 + fc2 bytes over the HBM read bandwidth measured in
+the same run. One call runs a scan over L stacked layers (fresh weights and routing per layer,
+so no layer finds its weights in L2). The time of a layer is the slope between calls of L and 2L
+layers: what one more layer adds to a step, with the call's fixed dispatch and synchronisation
+cost (which a real step pays once, not per layer) taken out, and the gaps between the kernels
+of a layer kept in. The GPU time of a layer (its kernels alone) is reported beside it.
 """
 
 import math
@@ -24,7 +27,7 @@ MODES = ("device", "sync", "async")
 
 def add_arguments(p) -> None:
     p.add_argument("--batches", type=int, nargs="*", default=[1, 2, 4, 8, 16, 32, 64])
-    p.add_argument("--layers", type=int, default=16, help="layers per timed call")
+    p.add_argument("--layers", type=int, default=8, help="layers of the shorter timed call (the longer has twice as many)")
     p.add_argument("--modes", nargs="*", default=list(MODES))
     p.add_argument("--reps", type=int, default=30)
 
@@ -51,24 +54,32 @@ def layer_stack(mode: str):
     return jax.jit(step)
 
 
+def _inputs(key, rng, layers: int, tokens: int, dtype):
+    """Three rotated input sets of `layers` layers (weights shared, routing and activations fresh)."""
+    w1 = jax.random.normal(key, (layers, EXPERTS, HIDDEN, FC1_N), dtype) / math.sqrt(HIDDEN)
+    w2 = jax.random.normal(jax.random.fold_in(key, 1), (layers, EXPERTS, FFN, HIDDEN), dtype) / math.sqrt(FFN)
+    rows = tokens * TOP_K
+    sets = []
+    for i in range(3):  # rotated, so each call routes differently
+        sizes = routed_sizes(rng, layers, tokens)
+        x = jax.random.normal(jax.random.fold_in(key, 10 + i), (layers, rows, HIDDEN), dtype)
+        h = jax.random.normal(jax.random.fold_in(key, 20 + i), (layers, rows, FFN), dtype)
+        sets.append((w1, w2, x, h, jnp.asarray(sizes)))
+    return sets
+
+
 def run(args) -> dict:
     dtype = jnp.bfloat16 if jax.default_backend() == "gpu" else jnp.float32
     layers = args.layers
     key = jax.random.key(0)
-    w1 = jax.random.normal(key, (layers, EXPERTS, HIDDEN, FC1_N), dtype) / math.sqrt(HIDDEN)
-    w2 = jax.random.normal(jax.random.fold_in(key, 1), (layers, EXPERTS, FFN, HIDDEN), dtype) / math.sqrt(FFN)
     bandwidth = timing.hbm_bandwidth()
     rng = np.random.default_rng(0)
     results = []
     for tokens in args.batches:
         rows = tokens * TOP_K
-        sets = []
-        for i in range(3):  # rotated, so each call routes differently
-            sizes = routed_sizes(rng, layers, tokens)
-            x = jax.random.normal(jax.random.fold_in(key, 10 + i), (layers, rows, HIDDEN), dtype)
-            h = jax.random.normal(jax.random.fold_in(key, 20 + i), (layers, rows, FFN), dtype)
-            sets.append((w1, w2, x, h, jnp.asarray(sizes)))
-        active = np.mean([np.count_nonzero(np.asarray(s[-1])) for s in sets]) / layers
+        short = _inputs(key, rng, layers, tokens, dtype)
+        long = _inputs(key, rng, 2 * layers, tokens, dtype)
+        active = np.mean([np.count_nonzero(np.asarray(s[-1])) for s in long]) / (2 * layers)
         floor_us = 1e6 * active * EXPERT_BYTES / bandwidth
         kernels = "/".join(_ffi.device_plan(EXPERTS, rows, k, n, False, False, jnp.dtype(dtype).name, jnp.dtype(dtype).name)[0]
                            for k, n in ((HIDDEN, FC1_N), (FFN, HIDDEN)))
@@ -79,10 +90,14 @@ def run(args) -> dict:
                 row["kernels"] = kernels
             try:
                 step = layer_stack(mode)
-                t = timing.time_calls(step, sets, reps=args.reps, inner=3)
-                layer_us = 1e6 * t.median_s / layers
-                row.update(t.as_dict(), layer_us=layer_us, ratio_to_floor=layer_us / floor_us)
-                out = [np.asarray(y, np.float32) for y in step(*sets[0])]
+                t_short = timing.time_calls(step, short, reps=args.reps, inner=3)
+                t_long = timing.time_calls(step, long, reps=args.reps, inner=3)
+                layer_us = 1e6 * (t_long.median_s - t_short.median_s) / layers
+                gpu_s = timing.device_time_s(step, long, calls=3)
+                row.update(t_long.as_dict(), layer_us=layer_us, ratio_to_floor=layer_us / floor_us,
+                           per_call_layer_us=1e6 * t_long.median_s / (2 * layers),
+                           gpu_layer_us=None if gpu_s is None else 1e6 * gpu_s / (2 * layers))
+                out = [np.asarray(y, np.float32) for y in step(*long[0])]
                 if reference is None:
                     reference = out
                 row["rel_error_vs_first"] = float(max(np.linalg.norm(o - r) / max(np.linalg.norm(r), 1e-30) for o, r in zip(out, reference)))
@@ -91,7 +106,7 @@ def run(args) -> dict:
             results.append(row)
             print(_line(row), flush=True)
     result = {"benchmark": "decode_gemm", "environment": timing.environment(), "hbm_bytes_per_s": bandwidth,
-              "layers_per_call": layers, "results": results}
+              "layers_per_call": [layers, 2 * layers], "results": results}
     (args.out / "decode_gemm.md").write_text(markdown(result))
     print(markdown(result))
     return result
@@ -100,22 +115,30 @@ def run(args) -> dict:
 def _line(row) -> str:
     if "error" in row:
         return f"T={row['tokens']:3d} {row['mode']:7s} error: {row['error'][:160]}"
+    gpu = "" if row["gpu_layer_us"] is None else f"  gpu {row['gpu_layer_us']:7.1f} us"
     return (f"T={row['tokens']:3d} {row['mode']:7s} {row['layer_us']:8.1f} us/layer  floor {row['floor_us']:7.1f} us"
-            f"  ratio {row['ratio_to_floor']:5.2f}  err {row['rel_error_vs_first']:.1e}")
+            f"  ratio {row['ratio_to_floor']:5.2f}{gpu}  per call {row['per_call_layer_us']:7.1f} us/layer"
+            f"  err {row['rel_error_vs_first']:.1e}")
 
 
 def markdown(result) -> str:
     rows = result["results"]
     modes = list(dict.fromkeys(r["mode"] for r in rows))
-    lines = ["| T | active experts | floor µs | " + " | ".join(f"{m} µs (× floor)" for m in modes) + " | device kernels |",
-             "|---" * (len(modes) + 4) + "|"]
+    lines = ["| T | active experts | floor µs | " + " | ".join(f"{m} µs (× floor)" for m in modes)
+             + " | device GPU time µs | device kernels |", "|---" * (len(modes) + 5) + "|"]
     for tokens in dict.fromkeys(r["tokens"] for r in rows):
         at = {r["mode"]: r for r in rows if r["tokens"] == tokens}
         first = next(iter(at.values()))
         cells = ["error" if "error" in at[m] else f"{at[m]['layer_us']:.1f} ({at[m]['ratio_to_floor']:.2f}×)" for m in modes]
+        device = at.get("device", {})
+        gpu = "" if device.get("gpu_layer_us") is None else f"{device['gpu_layer_us']:.1f}"
         kernels = at.get("device", {}).get("kernels", "")
-        lines.append(f"| {tokens} | {first['active_experts']:.1f} | {first['floor_us']:.1f} | " + " | ".join(cells) + f" | {kernels} |")
+        lines.append(f"| {tokens} | {first['active_experts']:.1f} | {first['floor_us']:.1f} | " + " | ".join(cells)
+                     + f" | {gpu} | {kernels} |")
     lines.append("")
-    lines.append(f"fc1 + fc2 per layer, median over {rows[0].get('samples', '?')} batches of calls of "
-                 f"{result['layers_per_call']} layers; HBM {result['hbm_bytes_per_s'] / 1e12:.2f} TB/s (copy, read + write).")
+    short, long = result["layers_per_call"]
+    lines.append(f"fc1 + fc2 per layer: the slope between calls of {short} and {long} layers (medians over "
+                 f"{rows[0].get('samples', '?')} batches of 3 calls); GPU time: the device-mode kernels of a {long}-layer "
+                 f"call per layer (profiler). Floor: the active experts' bytes over the HBM read bandwidth, "
+                 f"{result['hbm_bytes_per_s'] / 1e12:.2f} TB/s.")
     return "\n".join(lines) + "\n"

@@ -1,4 +1,5 @@
-"""Wall-clock timing and the machine's two ceilings, shared by every benchmark.
+"""Wall-clock timing, GPU time from a profiler trace, and the machine's two ceilings, shared by
+every benchmark.
 
 Calls are timed back to back, blocking once per batch, so that XLA's asynchronous dispatch
 hides the host's launch cost exactly as it does in a real step; a mode whose calls stall the
@@ -8,12 +9,15 @@ not measure the L2 cache.
 
 import datetime
 import statistics
+import tempfile
 import time
-from typing import Callable, NamedTuple, Sequence
+from typing import Callable, NamedTuple, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from . import trace
 
 
 class Timing(NamedTuple):
@@ -42,13 +46,30 @@ def time_calls(fn: Callable, inputs: Sequence[tuple], *, reps: int = 30, inner: 
     return Timing(statistics.median(per_call), float(q[0]), float(q[1]), reps)
 
 
+def device_time_s(fn: Callable, inputs: Sequence[tuple], *, calls: int = 10) -> Optional[float]:
+    """GPU seconds per call: the union of the kernel (and copy) intervals that a jax.profiler trace
+    records, over `calls` calls. This is the kernels' own time, without the host's dispatch and
+    synchronisation, which the wall clock of a single op includes and a real step hides. None
+    where the trace has no GPU events (the CPU backend)."""
+    jax.block_until_ready(fn(*inputs[0]))
+    with tempfile.TemporaryDirectory() as d:
+        with jax.profiler.trace(d):
+            for i in range(calls):
+                jax.block_until_ready(fn(*inputs[i % len(inputs)]))
+        events = trace.device_events(trace.load_events(d))
+    if not events:
+        return None
+    return 1e-6 * trace.window_stats(events)["busy_us"] / calls
+
+
 def hbm_bandwidth(gib: float = 2.0) -> float:
-    """Bytes per second of a large device copy, counting bytes read plus bytes written."""
+    """HBM read bandwidth, bytes per second: a sum over `gib` GiB, on its GPU time where there is one
+    (the floor of a weight-reading kernel is its bytes over this)."""
     n = int(gib * 2**30) // 4
-    x = jnp.arange(n, dtype=jnp.float32)
-    copy = jax.jit(lambda a: a * 1.0001)
-    t = time_calls(copy, [(x,)], reps=10, inner=3)
-    return 2 * n * 4 / t.median_s
+    x = jnp.ones(n, dtype=jnp.float32)
+    total = jax.jit(jnp.sum)
+    seconds = device_time_s(total, [(x,)], calls=5) or time_calls(total, [(x,)], reps=10, inner=3).median_s
+    return n * 4 / seconds
 
 
 def dense_rate(m: int = 8192, n: int = 8192, k: int = 8192, dtype=jnp.bfloat16) -> float:

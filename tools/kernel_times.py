@@ -1,0 +1,99 @@
+"""Where a device-mode GEMM's time goes: per-kernel GPU durations and the gaps between them.
+
+The decode-gemm benchmark times whole calls from the host; this runs the same layer stack (and,
+with --prefill, the prefill GEMMs) under jax.profiler and reads the CUPTI kernel records, so the
+time of each kernel and the idle time between kernels are separated. Run it under ncu
+(`--no-trace`) to get the hardware counters of the same kernels.
+"""
+import argparse
+import collections
+import math
+import statistics
+import tempfile
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from te_async import grouped_gemm
+from te_async.bench import decode_gemm, prefill, trace
+
+
+def _short(name: str) -> str:
+    for key in ("SmallGroups", "SetupKernel", "GemmUniversal", "Portable"):
+        at = name.find(key)
+        if at >= 0:
+            return name[at:at + 60]
+    return name[:60]
+
+
+def _decode_inputs(tokens: int, layers: int, dtype):
+    key = jax.random.key(0)
+    w1 = jax.random.normal(key, (layers, decode_gemm.EXPERTS, decode_gemm.HIDDEN, decode_gemm.FC1_N), dtype)
+    w2 = jax.random.normal(key, (layers, decode_gemm.EXPERTS, decode_gemm.FFN, decode_gemm.HIDDEN), dtype)
+    rows = tokens * decode_gemm.TOP_K
+    sizes = jnp.asarray(decode_gemm.routed_sizes(np.random.default_rng(tokens), layers, tokens))
+    x = jax.random.normal(key, (layers, rows, decode_gemm.HIDDEN), dtype)
+    h = jax.random.normal(key, (layers, rows, decode_gemm.FFN), dtype)
+    return decode_gemm.layer_stack("device"), (w1, w2, x, h, sizes)
+
+
+def _prefill_inputs(gemm: str, dtype):
+    k, n = prefill.GEMMS[gemm]
+    key = jax.random.key(0)
+    rows = prefill.SEQLEN * prefill.TOP_K
+    gs = jnp.full((prefill.EXPERTS,), rows // prefill.EXPERTS, jnp.int32)
+    lhs = jax.random.normal(key, (rows, k), dtype)
+    rhs = jax.random.normal(key, (prefill.EXPERTS, k, n), dtype) / math.sqrt(k)
+    return jax.jit(lambda a, b, g: grouped_gemm(a, b, g, group_sizes_mode="device")), (lhs, rhs, gs)
+
+
+def report(label: str, fn, inputs, calls: int, use_trace: bool) -> None:
+    jax.block_until_ready(fn(*inputs))  # compile and warm up outside the trace
+    if not use_trace:
+        for _ in range(calls):
+            jax.block_until_ready(fn(*inputs))
+        return
+    with tempfile.TemporaryDirectory() as d:
+        with jax.profiler.trace(d):
+            for _ in range(calls):
+                jax.block_until_ready(fn(*inputs))
+        dev = trace.device_events(trace.load_events(d))
+    kernels = [e for e in dev if e["kind"] == "kernel"]
+    by_name = collections.defaultdict(list)
+    for e in kernels:
+        by_name[_short(e["name"])].append(e["end"] - e["start"])
+    stats = trace.window_stats(kernels, gap_threshold_us=0.0)
+    print(f"\n== {label}: {len(kernels)} kernels in {calls} calls, busy {stats['busy_us'] / calls:.1f} us/call, "
+          f"idle between kernels {stats['idle_us'] / calls:.1f} us/call (includes host gaps between calls)")
+    gaps = sorted(g for _, g in stats["gaps"])
+    if gaps:
+        print(f"   gaps: {len(gaps)}, median {statistics.median(gaps):.2f} us, p90 {gaps[int(0.9 * (len(gaps) - 1))]:.2f} us")
+    for name, durs in sorted(by_name.items(), key=lambda kv: -sum(kv[1])):
+        print(f"   {len(durs):5d} x median {statistics.median(durs):8.2f} us  min {min(durs):8.2f}  {name}")
+    print("   timeline of the last call's first kernels (start offset, duration, gap before, name):")
+    last = kernels[-len(kernels) // calls:]
+    for prev, e in zip([None] + last[:11], last[:12]):
+        gap = 0.0 if prev is None else e["start"] - prev["end"]
+        print(f"   {e['start'] - last[0]['start']:9.2f} {e['end'] - e['start']:8.2f} {gap:7.2f}  {_short(e['name'])}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--batches", type=int, nargs="*", default=[1, 2])
+    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--calls", type=int, default=5)
+    p.add_argument("--prefill", nargs="*", default=[], choices=list(prefill.GEMMS))
+    p.add_argument("--no-trace", action="store_true", help="only run the calls (for ncu)")
+    args = p.parse_args()
+    dtype = jnp.bfloat16
+    for tokens in args.batches:
+        fn, inputs = _decode_inputs(tokens, args.layers, dtype)
+        report(f"decode T={tokens}, {args.layers} layers of fc1 + fc2 per call", fn, inputs, args.calls, not args.no_trace)
+    for gemm in args.prefill:
+        fn, inputs = _prefill_inputs(gemm, dtype)
+        report(f"prefill {gemm} even", fn, inputs, args.calls, not args.no_trace)
+
+
+if __name__ == "__main__":
+    main()
