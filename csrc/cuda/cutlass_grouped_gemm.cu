@@ -145,35 +145,32 @@ ffi::Error RunIfBuilt(const DeviceGemm& g, cudaStream_t stream) {
                               " kernel");
 }
 
+// Calls fn(std::integral_constant<Form, f>{}) for the runtime form f (FormOf makes only these).
+template <class Fn>
+auto VisitForm(Form f, Fn&& fn) {
+  switch (f) {
+    case Form::kRaggedMT:
+      return fn(std::integral_constant<Form, Form::kRaggedMT>{});
+    case Form::kRaggedK:
+      return fn(std::integral_constant<Form, Form::kRaggedK>{});
+    default:
+      return fn(std::integral_constant<Form, Form::kRaggedM>{});
+  }
+}
+
 template <ffi::DataType D>
 size_t DtypeCutlassBytes(Form f, Tile t, int64_t groups, int sm_count) {
-  return VisitTile(t, [&](auto tile) -> size_t {
-    constexpr Tile T = decltype(tile)::value;
-    switch (f) {
-      case Form::kRaggedM:
-        return BytesIfBuilt<D, Form::kRaggedM, T>(groups, sm_count);
-      case Form::kRaggedMT:
-        return BytesIfBuilt<D, Form::kRaggedMT, T>(groups, sm_count);
-      case Form::kRaggedK:
-        return BytesIfBuilt<D, Form::kRaggedK, T>(groups, sm_count);
-    }
-    return 0;
+  return VisitTile(t, [&](auto tile) {
+    return VisitForm(f, [&](auto form) {
+      return BytesIfBuilt<D, decltype(form)::value, decltype(tile)::value>(groups, sm_count);
+    });
   });
 }
 
 template <ffi::DataType D>
 ffi::Error DtypeRun(Form f, Tile t, const DeviceGemm& g, cudaStream_t stream) {
-  return VisitTile(t, [&](auto tile) -> ffi::Error {
-    constexpr Tile T = decltype(tile)::value;
-    switch (f) {
-      case Form::kRaggedM:
-        return RunIfBuilt<D, Form::kRaggedM, T>(g, stream);
-      case Form::kRaggedMT:
-        return RunIfBuilt<D, Form::kRaggedMT, T>(g, stream);
-      case Form::kRaggedK:
-        return RunIfBuilt<D, Form::kRaggedK, T>(g, stream);
-    }
-    return ffi::Error::Internal("te_async: bad CUTLASS form");
+  return VisitTile(t, [&](auto tile) {
+    return VisitForm(f, [&](auto form) { return RunIfBuilt<D, decltype(form)::value, decltype(tile)::value>(g, stream); });
   });
 }
 

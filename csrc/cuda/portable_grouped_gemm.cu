@@ -25,6 +25,7 @@
 
 #include "cuda/cuda_check.h"
 #include "cuda/device_gemm.h"
+#include "cuda/float_convert.cuh"
 #include "cuda/group_layout.cuh"
 #include "grouped_gemm_args.h"
 
@@ -48,36 +49,6 @@ struct SharedTiles {
   __align__(16) float b[2][kBK][kLd];  // b[buf][k][n]: the rhs-side operand, reduction-major
   int offsets[kMaxGroups + 1];
 };
-
-template <typename T>
-__device__ __forceinline__ float ToFloat(T v);
-template <>
-__device__ __forceinline__ float ToFloat<float>(float v) {
-  return v;
-}
-template <>
-__device__ __forceinline__ float ToFloat<__half>(__half v) {
-  return __half2float(v);
-}
-template <>
-__device__ __forceinline__ float ToFloat<__nv_bfloat16>(__nv_bfloat16 v) {
-  return __bfloat162float(v);
-}
-
-template <typename T>
-__device__ __forceinline__ T FromFloat(float v);
-template <>
-__device__ __forceinline__ float FromFloat<float>(float v) {
-  return v;
-}
-template <>
-__device__ __forceinline__ __half FromFloat<__half>(float v) {
-  return __float2half_rn(v);
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
 
 // Four consecutive outputs, p aligned to 4 elements.
 __device__ __forceinline__ void StoreVec4(float* p, float x, float y, float z, float w) {

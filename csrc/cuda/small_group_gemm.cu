@@ -58,6 +58,7 @@
 
 #include "cuda/cuda_check.h"
 #include "cuda/device_gemm.h"
+#include "cuda/float_convert.cuh"
 #include "cuda/group_layout.cuh"
 #include "grouped_gemm_args.h"
 
@@ -174,17 +175,6 @@ __device__ __forceinline__ uint4 LoadPartial(const T* p, int valid) {
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-template <typename TO>
-__device__ __forceinline__ void Store(TO* p, float v) {
-  if constexpr (std::is_same_v<TO, __nv_bfloat16>) {
-    *p = __float2bfloat16_rn(v);
-  } else if constexpr (std::is_same_v<TO, __half>) {
-    *p = __float2half_rn(v);
-  } else {
-    *p = v;
-  }
-}
-
 // threadIdx.x through volatile asm: not loop-invariant to the compiler, so the per-item thread
 // arithmetic of the 8 row-count variants is recomputed per item instead of being hoisted out of
 // the item loop, where it would all stay live at once (and spill).
@@ -253,6 +243,23 @@ __device__ __forceinline__ Chunk FindChunk(const Args& a, const ChunkTables& t, 
   const int end = lo < a.groups ? t.offs[lo + 1] : a.rows;
   ch.rows = min(kChunkRows, end - ch.row0);
   return ch;
+}
+
+// Calls fn(std::integral_constant<int, rows>{}) for a chunk of 1..kChunkRows rows, so that each
+// row count runs code compiled for exactly that many rows (both kernels dispatch through it).
+template <class Fn>
+__device__ __forceinline__ void WithRowCount(int rows, Fn&& fn) {
+  static_assert(kChunkRows == 8, "one case per row count");
+  switch (rows) {
+    case 1: fn(std::integral_constant<int, 1>{}); break;
+    case 2: fn(std::integral_constant<int, 2>{}); break;
+    case 3: fn(std::integral_constant<int, 3>{}); break;
+    case 4: fn(std::integral_constant<int, 4>{}); break;
+    case 5: fn(std::integral_constant<int, 5>{}); break;
+    case 6: fn(std::integral_constant<int, 6>{}); break;
+    case 7: fn(std::integral_constant<int, 7>{}); break;
+    default: fn(std::integral_constant<int, 8>{}); break;
+  }
 }
 
 // ---- [G,K,N] kernel ------------------------------------------------------------------------
@@ -417,7 +424,7 @@ __device__ __forceinline__ void KnItem(const Args& a, const Chunk& ch, int n0, K
     float s = 0.f;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) s += sh.buf[(w * NV + flat) * 8 + ocx];
-    if (n0 + c < N) Store(out + static_cast<long long>(ch.row0 + r) * N + n0 + c, s);
+    if (n0 + c < N) out[static_cast<long long>(ch.row0 + r) * N + n0 + c] = FromFloat<TO>(s);
   }
   // The next item's first write to buf follows a __syncthreads (staging or reduction).
 }
@@ -438,20 +445,11 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) SmallGroupsKnKernel(Ar
       TO* out = static_cast<TO*>(a.out);
       for (int o = threadIdx.x; o < ch.rows * kTile; o += kThreads) {
         const int r = o / kTile, c = o % kTile;
-        if (n0 + c < a.n) Store(out + static_cast<long long>(ch.row0 + r) * a.n + n0 + c, 0.f);
+        if (n0 + c < a.n) out[static_cast<long long>(ch.row0 + r) * a.n + n0 + c] = FromFloat<TO>(0.f);
       }
       continue;
     }
-    switch (ch.rows) {  // block-uniform
-      case 1: KnItem<T, TO, kVec, 1>(a, ch, n0, sh); break;
-      case 2: KnItem<T, TO, kVec, 2>(a, ch, n0, sh); break;
-      case 3: KnItem<T, TO, kVec, 3>(a, ch, n0, sh); break;
-      case 4: KnItem<T, TO, kVec, 4>(a, ch, n0, sh); break;
-      case 5: KnItem<T, TO, kVec, 5>(a, ch, n0, sh); break;
-      case 6: KnItem<T, TO, kVec, 6>(a, ch, n0, sh); break;
-      case 7: KnItem<T, TO, kVec, 7>(a, ch, n0, sh); break;
-      default: KnItem<T, TO, kVec, 8>(a, ch, n0, sh); break;
-    }
+    WithRowCount(ch.rows, [&](auto rr) { KnItem<T, TO, kVec, decltype(rr)::value>(a, ch, n0, sh); });  // block-uniform
   }
 }
 
@@ -575,7 +573,7 @@ __device__ __forceinline__ void NkItem(const Args& a, const Chunk& ch, int n0, f
 #pragma unroll
     for (int l = 0; l < 32; ++l) s += red[l * kNkLd + lane];
     const int r = lane / kNkCols, c = lane % kNkCols;
-    if (n0 + c < N) Store(static_cast<TO*>(a.out) + static_cast<long long>(ch.row0 + r) * N + n0 + c, s);
+    if (n0 + c < N) static_cast<TO*>(a.out)[static_cast<long long>(ch.row0 + r) * N + n0 + c] = FromFloat<TO>(s);
   }
   __syncwarp();  // reads done before the warp's next item writes red
 }
@@ -596,21 +594,12 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) SmallGroupsNkKernel(Ar
     if (ch.group == a.groups) {  // rows past the clamped total
       if (lane < ch.rows * kNkCols) {
         const int r = lane / kNkCols, c = lane % kNkCols;
-        if (n0 + c < a.n) Store(static_cast<TO*>(a.out) + static_cast<long long>(ch.row0 + r) * a.n + n0 + c, 0.f);
+        if (n0 + c < a.n) static_cast<TO*>(a.out)[static_cast<long long>(ch.row0 + r) * a.n + n0 + c] = FromFloat<TO>(0.f);
       }
       continue;
     }
     float* red = sh.red[warp];
-    switch (ch.rows) {  // warp-uniform
-      case 1: NkItem<T, TO, kVec, 1>(a, ch, n0, red); break;
-      case 2: NkItem<T, TO, kVec, 2>(a, ch, n0, red); break;
-      case 3: NkItem<T, TO, kVec, 3>(a, ch, n0, red); break;
-      case 4: NkItem<T, TO, kVec, 4>(a, ch, n0, red); break;
-      case 5: NkItem<T, TO, kVec, 5>(a, ch, n0, red); break;
-      case 6: NkItem<T, TO, kVec, 6>(a, ch, n0, red); break;
-      case 7: NkItem<T, TO, kVec, 7>(a, ch, n0, red); break;
-      default: NkItem<T, TO, kVec, 8>(a, ch, n0, red); break;
-    }
+    WithRowCount(ch.rows, [&](auto rr) { NkItem<T, TO, kVec, decltype(rr)::value>(a, ch, n0, red); });  // warp-uniform
   }
 }
 
