@@ -29,13 +29,9 @@ def _short(name: str) -> str:
 
 def _decode_inputs(tokens: int, layers: int, dtype):
     key = jax.random.key(0)
-    w1 = jax.random.normal(key, (layers, decode_gemm.EXPERTS, decode_gemm.HIDDEN, decode_gemm.FC1_N), dtype)
-    w2 = jax.random.normal(key, (layers, decode_gemm.EXPERTS, decode_gemm.FFN, decode_gemm.HIDDEN), dtype)
-    rows = tokens * decode_gemm.TOP_K
-    sizes = jnp.asarray(decode_gemm.routed_sizes(np.random.default_rng(tokens), layers, tokens))
-    x = jax.random.normal(key, (layers, rows, decode_gemm.HIDDEN), dtype)
-    h = jax.random.normal(key, (layers, rows, decode_gemm.FFN), dtype)
-    return decode_gemm.layer_stack("device"), (w1, w2, x, h, sizes)
+    w = decode_gemm.weights(key, layers, dtype)
+    sets = decode_gemm.input_sets(key, np.random.default_rng(tokens), w, tokens, dtype)
+    return decode_gemm.layer_stack("device"), sets[0]
 
 
 def _prefill_inputs(gemm: str, dtype):

@@ -54,17 +54,23 @@ def layer_stack(mode: str):
     return jax.jit(step)
 
 
-def _inputs(key, rng, layers: int, tokens: int, dtype):
-    """Three rotated input sets of `layers` layers (weights shared, routing and activations fresh)."""
+def weights(key, layers: int, dtype) -> tuple:
+    """fc1 and fc2 weights of `layers` layers, made once and shared by every batch size."""
     w1 = jax.random.normal(key, (layers, EXPERTS, HIDDEN, FC1_N), dtype) / math.sqrt(HIDDEN)
     w2 = jax.random.normal(jax.random.fold_in(key, 1), (layers, EXPERTS, FFN, HIDDEN), dtype) / math.sqrt(FFN)
+    return w1, w2
+
+
+def input_sets(key, rng, w: tuple, tokens: int, dtype) -> list:
+    """Three rotated argument sets of layer_stack: the weights `w`, fresh routing and activations."""
+    layers = w[0].shape[0]
     rows = tokens * TOP_K
     sets = []
     for i in range(3):  # rotated, so each call routes differently
         sizes = routed_sizes(rng, layers, tokens)
         x = jax.random.normal(jax.random.fold_in(key, 10 + i), (layers, rows, HIDDEN), dtype)
         h = jax.random.normal(jax.random.fold_in(key, 20 + i), (layers, rows, FFN), dtype)
-        sets.append((w1, w2, x, h, jnp.asarray(sizes)))
+        sets.append((*w, x, h, jnp.asarray(sizes)))
     return sets
 
 
@@ -74,11 +80,12 @@ def run(args) -> dict:
     key = jax.random.key(0)
     bandwidth = timing.hbm_bandwidth()
     rng = np.random.default_rng(0)
+    w_short, w_long = weights(key, layers, dtype), weights(key, 2 * layers, dtype)
     results = []
     for tokens in args.batches:
         rows = tokens * TOP_K
-        short = _inputs(key, rng, layers, tokens, dtype)
-        long = _inputs(key, rng, 2 * layers, tokens, dtype)
+        short = input_sets(key, rng, w_short, tokens, dtype)
+        long = input_sets(key, rng, w_long, tokens, dtype)
         active = np.mean([np.count_nonzero(np.asarray(s[-1])) for s in long]) / (2 * layers)
         floor_us = 1e6 * active * EXPERT_BYTES / bandwidth
         kernels = "/".join(_ffi.device_plan(EXPERTS, rows, k, n, False, False, jnp.dtype(dtype).name, jnp.dtype(dtype).name)[0]
