@@ -2,7 +2,7 @@
 # Builds te_async on the GPU machine (no registry access: the image's jax, nanobind and
 # scikit-build-core build it), runs the GPU tests and the benchmarks, and writes logs and
 # results under $OUT. Usage: tools/gpu_check.sh [stage ...], stages: build test sanitize example
-# layer prefill decode-gemm decode cmdbuf profile ncu stall ep (default: build test example layer
+# layer prefill decode-gemm decode cmdbuf profile ncu ncu-source stall ep (default: build test example layer
 # prefill). Python runs
 # with -P so that the installed package, not the source folder, is imported. The CUTLASS kernels
 # are built when an nvidia-cutlass wheel is carried in .whl/ (the machine has no registry access;
@@ -47,6 +47,9 @@ for stage in $stages; do
         elif [ -n "$wheel" ]; then
           python3 -c "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall('/tmp/cutlass')" "$wheel"
           export CUTLASS_INCLUDE_DIR=/tmp/cutlass/cutlass_library/source/include
+        else  # a build without CUTLASS skips its tests and runs prefill on the portable kernel: say so
+          echo "    FAILED (build): no .whl/nvidia_cutlass-*.whl; carry .whl, or set WITH_CUTLASS=0" | tee -a "$OUT/summary.log"
+          exit 1
         fi
         mkdir -p "$OUT/gpubuild"
         run build env CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) python3 -m pip wheel --no-build-isolation --no-deps -v \
@@ -81,6 +84,13 @@ for stage in $stages; do
         --section LaunchStats --section WarpStateStats --section SchedulerStats \
         python3 -P tools/kernel_times.py --no-trace --calls 1 --layers 2 ${NCU_ARGS:---batches 1 2 --prefill fc1 fc2}
       grep -E "SmallGroups|device_kernel|Duration|DRAM Throughput|Memory Throughput|Compute \(SM\)|Achieved Occupancy|Registers Per|Waves Per" "$OUT/ncu.log" | head -n 200 ;;
+    ncu-source)  # per-instruction warp-stall samples of the decode kernels (T=1): where fixed cost goes
+      run ncu_source timeout 300 ncu --clock-control none --set full --import-source no -f -o "$OUT/ncu_source" \
+        -k "regex:${NCU_KERNELS:-SmallGroups}" --launch-count "${NCU_COUNT:-2}" \
+        python3 -P tools/kernel_times.py --no-trace --calls 1 --layers 1 ${NCU_ARGS:---batches 1}
+      ncu -i "$OUT/ncu_source.ncu-rep" --page source --csv --print-source sass >"$OUT/ncu_source_sass.csv" 2>&1
+      ncu -i "$OUT/ncu_source.ncu-rep" --page details >"$OUT/ncu_source_details.txt" 2>&1
+      grep -E "Duration|DRAM Throughput|Registers Per" "$OUT/ncu_source_details.txt" | head -n 20 ;;
     stall) OUT=$OUT run stall python3 repro/stall/run_all.py; tail -n 30 "$OUT/stall.log" ;;
     ep)  # needs 2 GPUs (kind nvidia-h200-x2)
       run ep_test python3 -P -m pytest -q -rs -p no:cacheprovider --rootdir=. tests/test_expert_parallel.py tests/test_sharding.py

@@ -8,6 +8,7 @@ time of each kernel and the idle time between kernels are separated. Run it unde
 import argparse
 import collections
 import math
+import re
 import statistics
 import tempfile
 
@@ -25,6 +26,15 @@ def _short(name: str) -> str:
         if at >= 0:
             return name[at:at + 60]
     return name[:60]
+
+
+def _label(e) -> str:
+    """Kernel name, grid and CUDA graph node: fc1 and fc2 are different nodes of the layer's graph
+    (every kernel of a step shares one HLO op, the command buffer), repeated on each scan trip."""
+    args = e["args"]
+    grid = re.search(r"grid:(\S+)", args.get("kernel_details", ""))
+    node = args.get("cuda_graph_node_id", "")
+    return _short(e["name"])[:48] + (f" grid {grid.group(1)}" if grid else "") + (f" node ..{node[-4:]}" if node else "")
 
 
 def _decode_inputs(tokens: int, layers: int, dtype):
@@ -58,7 +68,7 @@ def report(label: str, fn, inputs, calls: int, use_trace: bool) -> None:
     kernels = [e for e in dev if e["kind"] == "kernel"]
     by_name = collections.defaultdict(list)
     for e in kernels:
-        by_name[_short(e["name"])].append(e["end"] - e["start"])
+        by_name[_label(e)].append(e["end"] - e["start"])
     stats = trace.window_stats(kernels, gap_threshold_us=0.0)
     print(f"\n== {label}: {len(kernels)} kernels in {calls} calls, busy {stats['busy_us'] / calls:.1f} us/call, "
           f"idle between kernels {stats['idle_us'] / calls:.1f} us/call (includes host gaps between calls)")
@@ -71,7 +81,7 @@ def report(label: str, fn, inputs, calls: int, use_trace: bool) -> None:
     last = kernels[-len(kernels) // calls:]
     for prev, e in zip([None] + last[:11], last[:12]):
         gap = 0.0 if prev is None else e["start"] - prev["end"]
-        print(f"   {e['start'] - last[0]['start']:9.2f} {e['end'] - e['start']:8.2f} {gap:7.2f}  {_short(e['name'])}")
+        print(f"   {e['start'] - last[0]['start']:9.2f} {e['end'] - e['start']:8.2f} {gap:7.2f}  {_label(e)}")
 
 
 def main() -> None:

@@ -7,7 +7,10 @@ the same run. One call runs a scan over L stacked layers (fresh weights and rout
 so no layer finds its weights in L2). The time of a layer is the slope between calls of L and 2L
 layers: what one more layer adds to a step, with the call's fixed dispatch and synchronisation
 cost (which a real step pays once, not per layer) taken out, and the gaps between the kernels
-of a layer kept in. The GPU time of a layer (its kernels alone) is reported beside it.
+of a layer kept in. It is taken on the GPU's clock (each call's span from its first kernel's
+start to its last kernel's end, from a profiler trace) and on the host's wall clock, which
+also carries the host's jitter. The GPU time of a layer (its kernels alone, gaps left out) is
+reported beside them.
 """
 
 import math
@@ -99,11 +102,14 @@ def run(args) -> dict:
                 step = layer_stack(mode)
                 t_short = timing.time_calls(step, short, reps=args.reps, inner=3)
                 t_long = timing.time_calls(step, long, reps=args.reps, inner=3)
-                layer_us = 1e6 * (t_long.median_s - t_short.median_s) / layers
-                gpu_s = timing.device_time_s(step, long, calls=3)
+                host_layer_us = 1e6 * (t_long.median_s - t_short.median_s) / layers
+                d_short = timing.device_times(step, short, calls=args.reps)
+                d_long = timing.device_times(step, long, calls=args.reps)
+                # The GPU's slope where there is a GPU trace; the host's otherwise (CPU backend).
+                layer_us = host_layer_us if d_long is None else 1e6 * (d_long["span_s"] - d_short["span_s"]) / layers
                 row.update(t_long.as_dict(), layer_us=layer_us, ratio_to_floor=layer_us / floor_us,
-                           per_call_layer_us=1e6 * t_long.median_s / (2 * layers),
-                           gpu_layer_us=None if gpu_s is None else 1e6 * gpu_s / (2 * layers))
+                           host_layer_us=host_layer_us, per_call_layer_us=1e6 * t_long.median_s / (2 * layers),
+                           gpu_layer_us=None if d_long is None else 1e6 * d_long["busy_s"] / (2 * layers))
                 out = [np.asarray(y, np.float32) for y in step(*long[0])]
                 if reference is None:
                     reference = out
@@ -122,9 +128,10 @@ def run(args) -> dict:
 def _line(row) -> str:
     if "error" in row:
         return f"T={row['tokens']:3d} {row['mode']:7s} error: {row['error'][:160]}"
-    gpu = "" if row["gpu_layer_us"] is None else f"  gpu {row['gpu_layer_us']:7.1f} us"
+    gpu = "" if row["gpu_layer_us"] is None else f"  kernels {row['gpu_layer_us']:7.1f} us"
     return (f"T={row['tokens']:3d} {row['mode']:7s} {row['layer_us']:8.1f} us/layer  floor {row['floor_us']:7.1f} us"
-            f"  ratio {row['ratio_to_floor']:5.2f}{gpu}  per call {row['per_call_layer_us']:7.1f} us/layer"
+            f"  ratio {row['ratio_to_floor']:5.2f}{gpu}  host slope {row['host_layer_us']:7.1f} us"
+            f"  per call {row['per_call_layer_us']:7.1f} us/layer"
             f"  err {row['rel_error_vs_first']:.1e}")
 
 
@@ -132,20 +139,22 @@ def markdown(result) -> str:
     rows = result["results"]
     modes = list(dict.fromkeys(r["mode"] for r in rows))
     lines = ["| T | active experts | floor µs | " + " | ".join(f"{m} µs (× floor)" for m in modes)
-             + " | device GPU time µs | device kernels |", "|---" * (len(modes) + 5) + "|"]
+             + " | device, host clock µs | device kernels µs | device kernels |", "|---" * (len(modes) + 6) + "|"]
     for tokens in dict.fromkeys(r["tokens"] for r in rows):
         at = {r["mode"]: r for r in rows if r["tokens"] == tokens}
         first = next(iter(at.values()))
         cells = ["error" if "error" in at[m] else f"{at[m]['layer_us']:.1f} ({at[m]['ratio_to_floor']:.2f}×)" for m in modes]
         device = at.get("device", {})
+        host = "" if "host_layer_us" not in device else f"{device['host_layer_us']:.1f} ({device['host_layer_us'] / device['floor_us']:.2f}×)"
         gpu = "" if device.get("gpu_layer_us") is None else f"{device['gpu_layer_us']:.1f}"
-        kernels = at.get("device", {}).get("kernels", "")
+        kernels = device.get("kernels", "")
         lines.append(f"| {tokens} | {first['active_experts']:.1f} | {first['floor_us']:.1f} | " + " | ".join(cells)
-                     + f" | {gpu} | {kernels} |")
+                     + f" | {host} | {gpu} | {kernels} |")
     lines.append("")
     short, long = result["layers_per_call"]
-    lines.append(f"fc1 + fc2 per layer: the slope between calls of {short} and {long} layers (medians over "
-                 f"{rows[0].get('samples', '?')} batches of 3 calls); GPU time: the device-mode kernels of a {long}-layer "
-                 f"call per layer (profiler). Floor: the active experts' bytes over the HBM read bandwidth, "
-                 f"{result['hbm_bytes_per_s'] / 1e12:.2f} TB/s.")
+    lines.append(f"fc1 + fc2 per layer: the slope between calls of {short} and {long} layers, on the GPU's clock (median "
+                 f"span from a call's first kernel to its last, profiler) where there is a GPU, and on the host's wall "
+                 f"clock (medians over {rows[0].get('samples', '?')} batches of 3 calls). Device kernels: the device-mode "
+                 f"kernels alone (gaps left out) of a {long}-layer call, per layer. Floor: the active experts' bytes over "
+                 f"the HBM read bandwidth, {result['hbm_bytes_per_s'] / 1e12:.2f} TB/s.")
     return "\n".join(lines) + "\n"

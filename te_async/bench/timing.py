@@ -46,20 +46,32 @@ def time_calls(fn: Callable, inputs: Sequence[tuple], *, reps: int = 30, inner: 
     return Timing(statistics.median(per_call), float(q[0]), float(q[1]), reps)
 
 
-def device_time_s(fn: Callable, inputs: Sequence[tuple], *, calls: int = 10) -> Optional[float]:
-    """GPU seconds per call: the union of the kernel (and copy) intervals that a jax.profiler trace
-    records, over `calls` calls. This is the kernels' own time, without the host's dispatch and
-    synchronisation, which the wall clock of a single op includes and a real step hides. None
-    where the trace has no GPU events (the CPU backend)."""
+_CALL = "te_async_timed_call"
+
+
+def device_times(fn: Callable, inputs: Sequence[tuple], *, calls: int = 10) -> Optional[dict]:
+    """GPU time of a call, medians over `calls` calls of a jax.profiler trace, two ways: `busy_s`,
+    the union of its kernel (and copy) intervals, and `span_s`, from its first kernel's start to its
+    last kernel's end, the idle gaps between kernels included. Neither counts the host's dispatch
+    before the first kernel or its wait after the last, which the wall clock of a short call
+    includes and a real step hides. None where the trace has no GPU events (the CPU backend)."""
     jax.block_until_ready(fn(*inputs[0]))
     with tempfile.TemporaryDirectory() as d:
         with jax.profiler.trace(d):
             for i in range(calls):
-                jax.block_until_ready(fn(*inputs[i % len(inputs)]))
-        events = trace.device_events(trace.load_events(d))
-    if not events:
+                with jax.profiler.StepTraceAnnotation(_CALL, step_num=i):
+                    jax.block_until_ready(fn(*inputs[i % len(inputs)]))
+        per_call = [trace.window_stats(s["events"]) for s in trace.steps(trace.load_events(d), _CALL) if s["events"]]
+    if not per_call:
         return None
-    return 1e-6 * trace.window_stats(events)["busy_us"] / calls
+    return {"busy_s": 1e-6 * statistics.median(c["busy_us"] for c in per_call),
+            "span_s": 1e-6 * statistics.median(c["window_us"] for c in per_call)}
+
+
+def device_time_s(fn: Callable, inputs: Sequence[tuple], *, calls: int = 10) -> Optional[float]:
+    """GPU seconds per call: `busy_s` of device_times."""
+    times = device_times(fn, inputs, calls=calls)
+    return None if times is None else times["busy_s"]
 
 
 def hbm_bandwidth(gib: float = 2.0) -> float:
