@@ -6,6 +6,7 @@ toolkit; it needs no GPU to import, so registering it is harmless on a CPU-only 
 
 import atexit
 import functools
+import os
 
 import jax
 
@@ -71,6 +72,7 @@ def device_plan(groups: int, rows: int, k: int, n: int, ragged_k: bool, transpos
     """
     if not gpu_present():
         return "cpu", 0
+    _check_kernel_rule_env()
     return tuple(_te_async_cuda.device_plan(groups, rows, k, n, ragged_k, transpose_rhs, in_dtype, out_dtype, 0))
 
 
@@ -84,7 +86,20 @@ def cutlass_configs(form: str) -> list:
 
 def device_kernel_choice(*args, **kwargs) -> str:
     """The C++ kernel rule (csrc/device_kernel_choice.h) for any target, GPU or not."""
+    _check_kernel_rule_env()
     return _te_async_cpu.device_kernel_choice(*args, **kwargs)
+
+
+SMALL_GROUPS_MAX_ROWS_ENV = "TE_ASYNC_SMALL_GROUPS_MAX_ROWS"
+
+
+def _check_kernel_rule_env() -> None:
+    """The C++ rule reads TE_ASYNC_SMALL_GROUPS_MAX_ROWS once, with no error path (a typo would read
+    as 0 rows, i.e. never small_groups), so a value that is not a row count is refused here,
+    before the rule first runs."""
+    value = os.environ.get(SMALL_GROUPS_MAX_ROWS_ENV)
+    if value is not None and not value.strip().isdigit():
+        raise ValueError(f"{SMALL_GROUPS_MAX_ROWS_ENV}={value!r}: expected a non-negative whole number of rows")
 
 
 def device_mode_is_fast(groups: int, rows: int, k: int, n: int, dtype: str) -> bool:

@@ -211,6 +211,15 @@ def test_device_kernel_choice(shape, cc, cutlass, expected):
     assert te_async._ffi.device_kernel_choice(**args, compute_capability=cc, cutlass_built=cutlass) == expected
 
 
+@pytest.mark.parametrize("value", ["5l2", "-1", "512 rows", ""])
+def test_small_groups_rows_env_typo_raises(monkeypatch, value):
+    monkeypatch.setenv("TE_ASYNC_SMALL_GROUPS_MAX_ROWS", value)
+    with pytest.raises(ValueError, match="TE_ASYNC_SMALL_GROUPS_MAX_ROWS"):
+        te_async._ffi.device_kernel_choice(groups=64, rows=6, k=2048, n=2816, ragged_k=False, transpose_rhs=False,
+                                           in_dtype="bfloat16", out_dtype="bfloat16", compute_capability=90,
+                                           cutlass_built=True)
+
+
 def test_too_many_groups():
     g = te_async.MAX_GROUPS + 1
     with pytest.raises(ValueError, match="too many groups"):
