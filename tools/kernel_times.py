@@ -24,8 +24,8 @@ def _short(name: str) -> str:
     for key in ("SmallGroups", "SetupKernel", "GemmUniversal", "Portable"):
         at = name.find(key)
         if at >= 0:
-            return name[at:at + 60]
-    return name[:60]
+            return name[at:at + 48]
+    return name[:48]
 
 
 def _label(e) -> str:
@@ -34,7 +34,7 @@ def _label(e) -> str:
     args = e["args"]
     grid = re.search(r"grid:(\S+)", args.get("kernel_details", ""))
     node = args.get("cuda_graph_node_id", "")
-    return _short(e["name"])[:48] + (f" grid {grid.group(1)}" if grid else "") + (f" node ..{node[-4:]}" if node else "")
+    return _short(e["name"]) + (f" grid {grid.group(1)}" if grid else "") + (f" node ..{node[-4:]}" if node else "")
 
 
 def _decode_inputs(tokens: int, layers: int, dtype):
