@@ -163,7 +163,8 @@ def test_26_layer_decode_scan_matches_sync(rng):
     device = run("device")
     after = te_async.host_size_stats(0)
     assert after == before, "device mode touched the host-size machinery"
-    assert rel_error(device, np.asarray(run("sync"), np.float64)) < 2e-2
+    err = rel_error(device, np.asarray(run("sync"), np.float64))
+    assert err < 2e-2, err
 
 
 def test_default_mode_is_device_where_a_fast_kernel_exists():

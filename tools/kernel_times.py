@@ -37,11 +37,11 @@ def _label(e) -> str:
     return _short(e["name"]) + (f" grid {grid.group(1)}" if grid else "") + (f" node ..{node[-4:]}" if node else "")
 
 
-def _decode_inputs(tokens: int, layers: int, dtype):
+def _decode_inputs(tokens: int, layers: int, dtype, mode: str):
     key = jax.random.key(0)
     w = decode_gemm.weights(key, layers, dtype)
     sets = decode_gemm.input_sets(key, np.random.default_rng(tokens), w, tokens, dtype)
-    return decode_gemm.layer_stack("device"), sets[0]
+    return decode_gemm.layer_stack(mode), sets[0]
 
 
 def _prefill_inputs(gemm: str, dtype):
@@ -91,11 +91,13 @@ def main() -> None:
     p.add_argument("--calls", type=int, default=5)
     p.add_argument("--prefill", nargs="*", default=[], choices=list(prefill.GEMMS))
     p.add_argument("--no-trace", action="store_true", help="only run the calls (for ncu)")
+    p.add_argument("--mode", default="device", choices=decode_gemm.MODES, help="decode-gemm's mode of the decode layers")
     args = p.parse_args()
     dtype = jnp.bfloat16
     for tokens in args.batches:
-        fn, inputs = _decode_inputs(tokens, args.layers, dtype)
-        report(f"decode T={tokens}, {args.layers} layers of fc1 + fc2 per call", fn, inputs, args.calls, not args.no_trace)
+        fn, inputs = _decode_inputs(tokens, args.layers, dtype, args.mode)
+        report(f"decode T={tokens}, {args.layers} layers of fc1 + fc2 per call ({args.mode})", fn, inputs, args.calls,
+               not args.no_trace)
     for gemm in args.prefill:
         fn, inputs = _prefill_inputs(gemm, dtype)
         report(f"prefill {gemm} even", fn, inputs, args.calls, not args.no_trace)

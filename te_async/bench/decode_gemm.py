@@ -11,6 +11,10 @@ of a layer kept in. It is taken on the GPU's clock (each call's span from its fi
 start to its last kernel's end, from a profiler trace) and on the host's wall clock, which
 also carries the host's jitter. The GPU time of a layer (its kernels alone, gaps left out) is
 reported beside them.
+
+Modes: "device", "sync" and "async" run fc1 and fc2 as two independent grouped_gemm calls (fc2 on
+its own random h). "mlp" runs the layer as grouped_mlp does at inference (norm=None, device
+mode): fc1, XLA's activation and fc2 chained. Same bytes, so the same floor.
 """
 
 import math
@@ -19,13 +23,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import _ffi, grouped_gemm
+from .. import _ffi, grouped_gemm, grouped_mlp
 from . import timing
 
 EXPERTS, HIDDEN, FFN, TOP_K = 64, 2048, 1408, 6
 FC1_N = 2 * FFN  # swiglu: [gate | linear]
 EXPERT_BYTES = (HIDDEN * FC1_N + FFN * HIDDEN) * 2  # bf16
-MODES = ("device", "sync", "async")
+MODES = ("device", "mlp", "sync", "async")
 
 
 def add_arguments(p) -> None:
@@ -48,6 +52,8 @@ def layer_stack(mode: str):
     def step(w1, w2, x, h, gs):
         def layer(_, inputs):
             w1_l, w2_l, x_l, h_l, gs_l = inputs
+            if mode == "mlp":
+                return None, grouped_mlp(x_l, gs_l, w1_l, w2_l, norm=None, group_sizes_mode="device")
             y1 = grouped_gemm(x_l, w1_l, gs_l, group_sizes_mode=mode)
             y2 = grouped_gemm(h_l, w2_l, gs_l, group_sizes_mode=mode)
             return None, (y1, y2)
@@ -93,7 +99,7 @@ def run(args) -> dict:
         floor_us = 1e6 * active * EXPERT_BYTES / bandwidth
         kernels = "/".join(_ffi.device_plan(EXPERTS, rows, k, n, False, False, jnp.dtype(dtype).name, jnp.dtype(dtype).name)[0]
                            for k, n in ((HIDDEN, FC1_N), (FFN, HIDDEN)))
-        reference = None
+        reference = {}  # the first output of each kind (the two GEMMs' or the MLP's), for rel_error_vs_first
         for mode in args.modes:
             row = {"tokens": tokens, "rows": rows, "mode": mode, "active_experts": float(active), "floor_us": floor_us}
             if mode == "device":
@@ -110,10 +116,9 @@ def run(args) -> dict:
                 row.update(t_long.as_dict(), layer_us=layer_us, ratio_to_floor=layer_us / floor_us,
                            host_layer_us=host_layer_us, per_call_layer_us=1e6 * t_long.median_s / (2 * layers),
                            gpu_layer_us=None if d_long is None else 1e6 * d_long["busy_s"] / (2 * layers))
-                out = [np.asarray(y, np.float32) for y in step(*long[0])]
-                if reference is None:
-                    reference = out
-                row["rel_error_vs_first"] = float(max(np.linalg.norm(o - r) / max(np.linalg.norm(r), 1e-30) for o, r in zip(out, reference)))
+                out = [np.asarray(y, np.float32) for y in jax.tree.leaves(step(*long[0]))]
+                first = reference.setdefault(mode == "mlp", out)
+                row["rel_error_vs_first"] = float(max(np.linalg.norm(o - r) / max(np.linalg.norm(r), 1e-30) for o, r in zip(out, first)))
             except Exception as e:  # recorded, not fatal: one mode failing must not hide the others
                 row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
             results.append(row)
