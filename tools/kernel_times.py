@@ -7,7 +7,6 @@ time of each kernel and the idle time between kernels are separated. Run it unde
 """
 import argparse
 import collections
-import math
 import re
 import statistics
 import tempfile
@@ -37,21 +36,21 @@ def _label(e) -> str:
     return _short(e["name"]) + (f" grid {grid.group(1)}" if grid else "") + (f" node ..{node[-4:]}" if node else "")
 
 
-def _decode_inputs(tokens: int, layers: int, dtype, mode: str):
+def _decode_inputs(tokens: int, layers: int, dtype, mode: str, unroll: bool):
     key = jax.random.key(0)
     w = decode_gemm.weights(key, layers, dtype)
     sets = decode_gemm.input_sets(key, np.random.default_rng(tokens), w, tokens, dtype)
-    return decode_gemm.layer_stack(mode), sets[0]
+    return decode_gemm.layer_stack(mode, decode_gemm.mean_active_experts(sets[:1]), unroll), sets[0]
 
 
 def _prefill_inputs(gemm: str, dtype):
-    k, n = prefill.GEMMS[gemm]
+    ragged, k, n = prefill.GEMMS[gemm]
     key = jax.random.key(0)
     rows = prefill.SEQLEN * prefill.TOP_K
     gs = jnp.full((prefill.EXPERTS,), rows // prefill.EXPERTS, jnp.int32)
     lhs = jax.random.normal(key, (rows, k), dtype)
-    rhs = jax.random.normal(key, (prefill.EXPERTS, k, n), dtype) / math.sqrt(k)
-    return jax.jit(lambda a, b, g: grouped_gemm(a, b, g, group_sizes_mode="device")), (lhs, rhs, gs)
+    rhs = prefill.make_rhs(ragged, k, n, rows, key, dtype)
+    return jax.jit(lambda a, b, g: grouped_gemm(a, b, g, ragged=ragged, group_sizes_mode="device")), (lhs, rhs, gs)
 
 
 def report(label: str, fn, inputs, calls: int, use_trace: bool) -> None:
@@ -92,11 +91,13 @@ def main() -> None:
     p.add_argument("--prefill", nargs="*", default=[], choices=list(prefill.GEMMS))
     p.add_argument("--no-trace", action="store_true", help="only run the calls (for ncu)")
     p.add_argument("--mode", default="device", choices=decode_gemm.MODES, help="decode-gemm's mode of the decode layers")
+    p.add_argument("--unroll", action="store_true", help="decode layers unrolled, not scanned (decode-gemm --unroll)")
     args = p.parse_args()
     dtype = jnp.bfloat16
     for tokens in args.batches:
-        fn, inputs = _decode_inputs(tokens, args.layers, dtype, args.mode)
-        report(f"decode T={tokens}, {args.layers} layers of fc1 + fc2 per call ({args.mode})", fn, inputs, args.calls,
+        fn, inputs = _decode_inputs(tokens, args.layers, dtype, args.mode, args.unroll)
+        structure = "unrolled" if args.unroll else "scan"
+        report(f"decode T={tokens}, {args.layers} layers of fc1 + fc2 per call ({args.mode}, {structure})", fn, inputs, args.calls,
                not args.no_trace)
     for gemm in args.prefill:
         fn, inputs = _prefill_inputs(gemm, dtype)

@@ -4,7 +4,9 @@
 fc2 is [24576, 1408] x [64, 1408, 2048]. Two splits: even (384 rows per expert) and the seed's
 skewed m_splits (its commented-out list, with zeros; it sums to 12288 rows, used as it is).
 Beside te_async's modes: jax.lax.ragged_dot (XLA), the Pallas Mosaic-GPU ragged_dot_mgpu when
-it imports, and a dense GEMM of the same FLOPs.
+it imports, and a dense GEMM of the same FLOPs. The same two weights' gradients (wgrad,
+ragged="k": [M, K]^T x [M, N] -> [64, K, N]) run against te_async's modes and the dense GEMM of
+the same FLOPs; XLA's ragged_dot and the Pallas kernel have no ragged-k form here to compare.
 """
 
 import functools
@@ -27,7 +29,12 @@ SEED_SKEWED_SPLITS = [
 ]  # fmt: skip
 # Seed 000's own figures (TE 1.13 GroupedLinear, even split, TFLOP/s), for context only.
 SEED_TFLOPS = {"H800": {"fc1": 253.4, "fc2": 133.3}, "A800": {"fc1": 149.3, "fc2": 106.1}}
-GEMMS = {"fc1": (HIDDEN, 2 * FFN), "fc2": (FFN, HIDDEN)}  # K, N
+GEMMS = {  # ragged dimension, K, N
+    "fc1": ("m", HIDDEN, 2 * FFN),
+    "fc2": ("m", FFN, HIDDEN),
+    "fc1_wgrad": ("k", HIDDEN, 2 * FFN),
+    "fc2_wgrad": ("k", FFN, HIDDEN),
+}
 
 
 def add_arguments(p) -> None:
@@ -35,6 +42,7 @@ def add_arguments(p) -> None:
     p.add_argument("--contenders", nargs="*", default=None, help="default: all that run here")
     p.add_argument("--cutlass-configs", action="store_true",
                    help="also run device mode once per CUTLASS config (te_async_device[<config>]), for tuning the heuristic")
+    p.add_argument("--gemms", nargs="*", default=list(GEMMS), choices=list(GEMMS))
 
 
 def _mgpu_ragged_dot():
@@ -49,10 +57,13 @@ def _mgpu_ragged_dot():
     return lambda lhs, rhs, gs: ragged_dot_mgpu.ragged_dot(lhs, rhs, group_sizes=gs, **kw)
 
 
-def contenders(rows: int, k: int, n: int, cutlass_configs: bool = False) -> dict:
-    out = {f"te_async_{m}": functools.partial(grouped_gemm, group_sizes_mode=m) for m in GROUP_SIZES_MODES}
-    for config in _ffi.cutlass_configs("m") if cutlass_configs else []:
-        out[f"te_async_device[{config}]"] = functools.partial(grouped_gemm, group_sizes_mode="device")
+def contenders(ragged: str, k: int, n: int, cutlass_configs: bool = False) -> dict:
+    out = {f"te_async_{m}": functools.partial(grouped_gemm, ragged=ragged, group_sizes_mode=m) for m in GROUP_SIZES_MODES}
+    for config in _ffi.cutlass_configs(ragged) if cutlass_configs else []:
+        out[f"te_async_device[{config}]"] = functools.partial(grouped_gemm, ragged=ragged, group_sizes_mode="device")
+    if ragged == "k":
+        out["dense_same_flops"] = lambda lhs, rhs, gs: jnp.dot(lhs.T, rhs)
+        return out
     out["xla_ragged_dot"] = lambda lhs, rhs, gs: jax.lax.ragged_dot(lhs, rhs, gs)
     mgpu = _mgpu_ragged_dot()
     if mgpu is not None:
@@ -61,25 +72,34 @@ def contenders(rows: int, k: int, n: int, cutlass_configs: bool = False) -> dict
     return out
 
 
+def make_rhs(ragged: str, k: int, n: int, rows: int, key, dtype) -> jax.Array:
+    """The second operand: the experts' weights [64, K, N] (ragged m), or an output gradient dy
+    [rows, N] (ragged k, the weight-gradient GEMM x^T dy)."""
+    if ragged == "m":
+        return jax.random.normal(key, (EXPERTS, k, n), dtype) / math.sqrt(k)
+    return jax.random.normal(jax.random.fold_in(key, 7), (rows, n), dtype)
+
+
 def run(args) -> dict:
     dtype = jnp.bfloat16 if jax.default_backend() == "gpu" else jnp.float32
     key = jax.random.key(0)
     splits = {"even": [SEQLEN * TOP_K // EXPERTS] * EXPERTS, "seed_skewed": SEED_SKEWED_SPLITS}
     results = []
-    for gemm, (k, n) in GEMMS.items():
-        rhs = jax.random.normal(key, (EXPERTS, k, n), dtype) / math.sqrt(k)
+    for gemm in args.gemms:
+        ragged, k, n = GEMMS[gemm]
         for split, sizes in splits.items():
             rows = int(sum(sizes))
             gs = jnp.asarray(sizes, jnp.int32)
+            rhs = make_rhs(ragged, k, n, rows, key, dtype)
             lhs_sets = [(jax.random.normal(jax.random.fold_in(key, i), (rows, k), dtype), rhs, gs) for i in range(2)]
             flops = 2 * rows * k * n
             reference = None
-            for name, fn in contenders(rows, k, n, args.cutlass_configs).items():
+            for name, fn in contenders(ragged, k, n, args.cutlass_configs).items():
                 if args.contenders and name not in args.contenders:
                     continue
                 row = {"gemm": gemm, "split": split, "contender": name, "m": rows, "k": k, "n": n}
                 if name == "te_async_device":
-                    row["kernel"] = _ffi.device_plan(EXPERTS, rows, k, n, False, False, *[jnp.dtype(dtype).name] * 2)[0]
+                    row["kernel"] = _ffi.device_plan(EXPERTS, rows, k, n, ragged == "k", False, *[jnp.dtype(dtype).name] * 2)[0]
                 config = name[len("te_async_device["):-1] if name.startswith("te_async_device[") else None
                 if config:
                     row["kernel"] = config

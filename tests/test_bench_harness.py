@@ -1,0 +1,69 @@
+"""The GEMM benchmarks' layer stacks and contenders, at tiny shapes on whatever backend runs: every
+mode computes what it claims, so that a timing never comes from a wrong or empty computation."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from te_async.bench import decode_gemm, prefill
+
+from reference import grouped_gemm_reference, random_group_sizes
+
+LAYERS, EXPERTS, HIDDEN, FFN, ROWS = 2, 64, 16, 8, 12
+
+
+def _stack_inputs(rng):
+    f32 = lambda *shape: jnp.asarray(rng.standard_normal(shape), jnp.float32)
+    sizes = np.stack([random_group_sizes(rng, EXPERTS, ROWS, "zeros") for _ in range(LAYERS)])
+    return f32(LAYERS, EXPERTS, HIDDEN, 2 * FFN), f32(LAYERS, EXPERTS, FFN, HIDDEN), f32(LAYERS, ROWS, HIDDEN), \
+        f32(LAYERS, ROWS, FFN), jnp.asarray(sizes)
+
+
+@pytest.mark.parametrize("unroll", [False, True])
+def test_decode_gemm_modes_compute_their_layers(rng, unroll):
+    w1, w2, x, h, gs = args = _stack_inputs(rng)
+    active = decode_gemm.mean_active_experts([args])
+    experts = decode_gemm.read_experts(active)
+    assert experts == max(1, round(np.count_nonzero(np.asarray(gs)) / LAYERS))
+    y1, y2 = decode_gemm.layer_stack("device", active, unroll)(*args)
+    read = decode_gemm.layer_stack("read", active, unroll)(*args)
+    with jax.default_matmul_precision("highest"):  # no TF32 on a GPU
+        dense = decode_gemm.layer_stack("dense", active, unroll)(*args)
+    rows = ROWS // experts
+    for i in range(LAYERS):
+        sizes = np.asarray(gs[i])
+        np.testing.assert_allclose(y1[i], grouped_gemm_reference(x[i], w1[i], sizes), rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(y2[i], grouped_gemm_reference(h[i], w2[i], sizes), rtol=1e-4, atol=1e-4)
+        w1_e, w2_e = np.asarray(w1[i, :experts], np.float64), np.asarray(w2[i, :experts], np.float64)
+        np.testing.assert_allclose(read[0][i], w1_e.sum(-1), rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(read[1][i], w2_e.sum(-1), rtol=1e-4, atol=1e-4)
+        x_e = np.asarray(x[i, : experts * rows], np.float64).reshape(experts, rows, HIDDEN)
+        np.testing.assert_allclose(dense[0][i], np.einsum("erk,ekn->ern", x_e, w1_e), rtol=1e-4, atol=1e-4)
+
+
+def test_decode_gemm_mlp_mode_matches_scan_and_unrolled(rng):
+    args = _stack_inputs(rng)
+    active = decode_gemm.mean_active_experts([args])
+    scanned, unrolled = (decode_gemm.layer_stack("mlp", active, u)(*args) for u in (False, True))
+    assert scanned.shape == (LAYERS, ROWS, HIDDEN)
+    np.testing.assert_allclose(scanned, unrolled, rtol=1e-5, atol=1e-5)
+    assert float(jnp.abs(scanned[:, : int(np.asarray(args[-1][0]).sum())]).max()) > 0
+
+
+@pytest.mark.parametrize("gemm", list(prefill.GEMMS))
+def test_prefill_contenders_agree_with_reference(rng, gemm):
+    ragged, _, _ = prefill.GEMMS[gemm]
+    k, n, rows = 16, 24, 40
+    sizes = random_group_sizes(rng, prefill.EXPERTS, rows, "skewed")
+    lhs = jnp.asarray(rng.standard_normal((rows, k)), jnp.float32)
+    rhs = prefill.make_rhs(ragged, k, n, rows, jax.random.key(int(rng.integers(1 << 30))), jnp.float32)
+    assert rhs.shape == ((prefill.EXPERTS, k, n) if ragged == "m" else (rows, n))
+    want = grouped_gemm_reference(lhs, rhs, sizes, ragged=ragged)
+    fns = prefill.contenders(ragged, k, n)
+    assert "dense_same_flops" in fns and ("xla_ragged_dot" in fns) == (ragged == "m")
+    for name, fn in fns.items():
+        if name.startswith("te_async") or name == "xla_ragged_dot":
+            with jax.default_matmul_precision("highest"):  # no TF32 on a GPU
+                got = fn(lhs, rhs, jnp.asarray(sizes))
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=name)
