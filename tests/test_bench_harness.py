@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from te_async.bench import __main__ as cli
 from te_async.bench import decode_gemm, prefill
 
 from reference import grouped_gemm_reference, random_group_sizes
@@ -67,3 +68,11 @@ def test_prefill_contenders_agree_with_reference(rng, gemm):
             with jax.default_matmul_precision("highest"):  # no TF32 on a GPU
                 got = fn(lhs, rhs, jnp.asarray(sizes))
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=name)
+
+
+@pytest.mark.parametrize("argv", [["decode-gemm", "--modes", "reed"], ["prefill", "--gemms", "fc3"]])
+def test_unknown_mode_or_gemm_is_refused_before_any_work(tmp_path, capsys, argv):
+    with pytest.raises(SystemExit) as e:
+        cli.main([*argv, "--out", str(tmp_path)])
+    assert e.value.code == 2 and "invalid choice" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())

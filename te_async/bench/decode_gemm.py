@@ -41,7 +41,7 @@ REFERENCE_MODES = ("read", "dense")
 def add_arguments(p) -> None:
     p.add_argument("--batches", type=int, nargs="*", default=[1, 2, 4, 8, 16, 32, 64])
     p.add_argument("--layers", type=int, default=8, help="layers of the shorter timed call (the longer has twice as many)")
-    p.add_argument("--modes", nargs="*", default=list(MODES))
+    p.add_argument("--modes", nargs="*", default=list(MODES), choices=MODES)
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--unroll", action="store_true", help="unroll the layers instead of scanning them (all modes)")
 
@@ -144,7 +144,8 @@ def run(args) -> dict:
         for mode in args.modes:
             row = {"tokens": tokens, "rows": rows, "mode": mode, "active_experts": float(active), "floor_us": floor_us}
             if mode in REFERENCE_MODES:
-                row.update(read_experts=read_experts(active), floor_us=1e6 * read_experts(active) * EXPERT_BYTES / bandwidth)
+                experts = read_experts(active)
+                row.update(read_experts=experts, floor_us=1e6 * experts * EXPERT_BYTES / bandwidth)
             if mode == "device":
                 row["kernels"] = kernels
             try:
