@@ -25,8 +25,16 @@ inline bool VerifyHostSizes() {
   return on;
 }
 
-// TE_ASYNC_CHECK_DEVICE_SIZES=1: device mode reads the group sizes synchronously and rejects a
-// negative size or a sum past M, as the host-sized modes do, instead of clamping them. The read
+// TE_ASYNC_DEBUG_ROTATE_PINNED_SIZES=1: every read from a pinned slot is rotated by one group, as
+// a stale slot would read, so that tests can show the GPU's check repairs it (host_sizes_guard.h).
+inline bool DebugRotatePinnedSizes() {
+  static const bool on = EnvFlagIsOne("TE_ASYNC_DEBUG_ROTATE_PINNED_SIZES");
+  return on;
+}
+
+// TE_ASYNC_CHECK_DEVICE_SIZES=1: device mode on the GPU reads the group sizes synchronously and
+// rejects a negative size or a sum past M, as the host-sized modes do, instead of clamping them
+// (on the CPU every mode always checks). The read
 // cannot be captured into a CUDA graph, so this needs XLA's command buffers off.
 inline bool CheckDeviceSizes() {
   static const bool on = EnvFlagIsOne("TE_ASYNC_CHECK_DEVICE_SIZES");

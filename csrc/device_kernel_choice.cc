@@ -1,16 +1,6 @@
 #include "device_kernel_choice.h"
 
-#include <cstdlib>
-
 namespace te_async {
-
-int64_t SmallGroupsMaxRows() {
-  static const int64_t rows = [] {
-    const char* v = std::getenv("TE_ASYNC_SMALL_GROUPS_MAX_ROWS");
-    return v ? std::strtoll(v, nullptr, 10) : kSmallGroupsMaxRows;
-  }();
-  return rows;
-}
 
 bool CutlassShapeEligible(const GroupedGemmShape& s) {
   const bool sixteen_bit = s.in_type == ffi::DataType::BF16 || s.in_type == ffi::DataType::F16;
@@ -19,10 +9,11 @@ bool CutlassShapeEligible(const GroupedGemmShape& s) {
          s.k < limit && s.n < limit;
 }
 
-DeviceKernel ChooseDeviceKernel(const GroupedGemmShape& s, int compute_capability, bool cutlass_built) {
+DeviceKernel ChooseDeviceKernel(const GroupedGemmShape& s, int compute_capability, bool cutlass_built,
+                                int64_t small_groups_max_rows) {
   const bool cutlass = compute_capability == 90 && cutlass_built && CutlassShapeEligible(s);
   const bool few_rows_per_group = s.rows <= kSmallGroupsMaxRowsPerGroup * (s.groups > 0 ? s.groups : 1);
-  if (!s.ragged_k && s.rows <= SmallGroupsMaxRows() && (few_rows_per_group || !cutlass)) {
+  if (!s.ragged_k && s.rows <= small_groups_max_rows && (few_rows_per_group || !cutlass)) {
     return DeviceKernel::kSmallGroups;
   }
   if (cutlass) return DeviceKernel::kCutlassSm90;
@@ -38,6 +29,13 @@ const char* DeviceKernelName(DeviceKernel k) {
     default:
       return "portable";
   }
+}
+
+std::optional<DeviceKernel> DeviceKernelFromName(std::string_view name) {
+  for (DeviceKernel k : {DeviceKernel::kSmallGroups, DeviceKernel::kCutlassSm90, DeviceKernel::kPortable}) {
+    if (name == DeviceKernelName(k)) return k;
+  }
+  return std::nullopt;
 }
 
 namespace {
@@ -63,13 +61,6 @@ GroupedGemmShape ShapeFromStatic(int64_t groups, int64_t rows, int64_t k, int64_
   s.in_type = DataTypeFromName(in_dtype);
   s.out_type = DataTypeFromName(out_dtype);
   return s;
-}
-
-std::string DeviceKernelChoice(int64_t groups, int64_t rows, int64_t k, int64_t n, bool ragged_k, bool transpose_rhs,
-                               const std::string& in_dtype, const std::string& out_dtype, int compute_capability,
-                               bool cutlass_built) {
-  const GroupedGemmShape s = ShapeFromStatic(groups, rows, k, n, ragged_k, transpose_rhs, in_dtype, out_dtype);
-  return DeviceKernelName(ChooseDeviceKernel(s, compute_capability, cutlass_built));
 }
 
 }  // namespace te_async

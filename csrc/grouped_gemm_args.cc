@@ -1,6 +1,5 @@
 #include "grouped_gemm_args.h"
 
-#include <algorithm>
 #include <string>
 
 namespace te_async {
@@ -20,9 +19,12 @@ std::string Dims(const ffi::AnyBuffer& b) {
 }  // namespace
 
 ffi::Error CheckGroupCount(int64_t groups) {
-  if (groups < 1 || groups > kMaxGroups) {
-    return ffi::Error::InvalidArgument("te_async: too many groups: " + std::to_string(groups) +
-                                       " (supported: 1.." + std::to_string(kMaxGroups) + ")");
+  if (groups < 1) {
+    return ffi::Error::InvalidArgument("te_async: group_sizes has 0 groups; a grouped GEMM needs at least 1");
+  }
+  if (groups > kMaxGroups) {
+    return ffi::Error::InvalidArgument("te_async: too many groups: " + std::to_string(groups) + " (at most " +
+                                       std::to_string(kMaxGroups) + ")");
   }
   return ffi::Error::Success();
 }
@@ -93,16 +95,6 @@ ffi::Error CheckGroupSizeValues(const int32_t* sizes, int64_t groups, int64_t ro
 std::vector<int64_t> GroupOffsets(const int32_t* sizes, int64_t groups) {
   std::vector<int64_t> offsets(groups + 1, 0);
   for (int64_t g = 0; g < groups; ++g) offsets[g + 1] = offsets[g] + sizes[g];
-  return offsets;
-}
-
-std::vector<int64_t> ClampedGroupOffsets(const int32_t* sizes, int64_t groups, int64_t rows) {
-  std::vector<int64_t> offsets(groups + 1, 0);
-  int64_t total = 0;
-  for (int64_t g = 0; g < groups; ++g) {
-    total += std::max<int32_t>(sizes[g], 0);
-    offsets[g + 1] = std::min(total, rows);
-  }
   return offsets;
 }
 

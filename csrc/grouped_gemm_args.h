@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -29,6 +30,7 @@ struct GroupedGemmShape {
   ffi::DataType out_type = ffi::DataType::INVALID;
 };
 
+// 1..kMaxGroups groups, with a message for each way to miss (every handler's entry check).
 ffi::Error CheckGroupCount(int64_t groups);
 
 ffi::ErrorOr<GroupedGemmShape> CheckGroupedGemm(const ffi::AnyBuffer& lhs, const ffi::AnyBuffer& rhs,
@@ -36,22 +38,35 @@ ffi::ErrorOr<GroupedGemmShape> CheckGroupedGemm(const ffi::AnyBuffer& lhs, const
                                                 const ffi::AnyBuffer& out, bool ragged_k,
                                                 bool transpose_rhs);
 
-// Appends the grouped GEMM's operands (lhs, rhs, group sizes) and result to a binding, so that
-// every platform's handler takes the same signature. Handlers then add their extra results and
-// BindGemmForm's attributes.
+// The two grouped-GEMM signatures, shared by every platform's handlers:
+//   host-sized: (lhs, rhs, group_sizes) -> (out, repair flag int32[1]); attrs ragged_k,
+//     transpose_rhs, async_host_sizes. The flag is device scratch for the CUDA handler's check of
+//     a pinned read (host_sizes_guard.h).
+//   device:     (lhs, rhs, group_sizes) -> (out, workspace uint8[]); attrs ragged_k, transpose_rhs,
+//     kernel and cutlass_config: the plan made at trace time (te_async/plan.py).
+// A handler binding adds its context (stream, device) before calling these.
 template <typename Binding>
-auto BindGroupedGemm(Binding binding) {
+auto BindGroupedGemmOperands(Binding&& binding) {
   return std::move(binding)
       .template Arg<ffi::AnyBuffer>()
       .template Arg<ffi::AnyBuffer>()
       .template Arg<ffi::AnyBuffer>()
-      .template Ret<ffi::AnyBuffer>();
+      .template Ret<ffi::AnyBuffer>()
+      .template Ret<ffi::AnyBuffer>()
+      .template Attr<bool>("ragged_k")
+      .template Attr<bool>("transpose_rhs");
 }
 
-// The attributes that say which grouped GEMM form to run.
 template <typename Binding>
-auto BindGemmForm(Binding binding) {
-  return std::move(binding).template Attr<bool>("ragged_k").template Attr<bool>("transpose_rhs");
+auto BindHostSizedGemm(Binding&& binding) {
+  return BindGroupedGemmOperands(std::move(binding)).template Attr<bool>("async_host_sizes");
+}
+
+template <typename Binding>
+auto BindDeviceGemm(Binding&& binding) {
+  return BindGroupedGemmOperands(std::move(binding))
+      .template Attr<std::string_view>("kernel")
+      .template Attr<std::string_view>("cutlass_config");
 }
 
 // Checks host-side group sizes against the ragged dimension: no negative size, sum <= rows.
@@ -59,9 +74,5 @@ ffi::Error CheckGroupSizeValues(const int32_t* sizes, int64_t groups, int64_t ro
 
 // Row offset of each group, plus the total as the last entry.
 std::vector<int64_t> GroupOffsets(const int32_t* sizes, int64_t groups);
-
-// Device mode's reading of unchecked sizes (the CUDA kernels do the same, group_layout.cuh):
-// a negative size counts as 0 and no group runs past `rows`.
-std::vector<int64_t> ClampedGroupOffsets(const int32_t* sizes, int64_t groups, int64_t rows);
 
 }  // namespace te_async

@@ -3,9 +3,9 @@
 Each decode step runs L MoE layers (router, sort by expert, grouped_mlp, combine, residual)
 under one jit, scanning over the stacked layer weights. It is run once per group-sizes mode,
 the outputs are checked against a dense float32 reference written in plain jnp, and the step
-time is printed. CPU: a tiny model. GPU: DeepSeek-V2-Lite's expert shapes.
+time is printed. CPU: a tiny model. GPU: DeepSeek-V2-Lite's expert shapes (te_async.bench.presets).
 
-    python examples/moe_decode.py [--tokens 8] [--steps 20] [--layers N]
+    python examples/moe_decode.py [--preset NAME] [--tokens 8] [--steps 20] [--layers N]
 """
 
 import argparse
@@ -17,12 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 
 import te_async
+from te_async.bench import presets
 from te_async.moe import moe_block, route_top_k
-
-SHAPES = {  # experts, hidden, ffn, top_k, layers
-    "cpu": (8, 64, 96, 2, 4),
-    "gpu": (64, 2048, 1408, 6, 8),
-}
 
 
 def init_params(key, layers, experts, hidden, ffn, dtype):
@@ -62,12 +58,14 @@ def dense_reference_step(params, x, *, top_k):
 
 def main():
     backend = jax.default_backend()
-    experts, hidden, ffn, top_k, layers = SHAPES["gpu" if backend == "gpu" else "cpu"]
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tokens", type=int, default=8)
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--layers", type=int, default=layers)
+    presets.add_argument(parser)
+    parser.add_argument("--tokens", type=int, default=8, help="tokens per decode step (default: 8)")
+    parser.add_argument("--steps", type=int, default=20, help="decode steps per mode (default: 20)")
+    parser.add_argument("--layers", type=int, help="MoE layers per step (default: the preset's)")
     args = parser.parse_args()
+    experts, hidden, ffn, top_k, layers = presets.resolve(args.preset)[1]
+    args.layers = args.layers or layers
     dtype = jnp.bfloat16 if backend == "gpu" else jnp.float32
     params = init_params(jax.random.key(0), args.layers, experts, hidden, ffn, dtype)
     x0 = jax.random.normal(jax.random.key(1), (args.tokens, hidden), dtype)

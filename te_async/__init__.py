@@ -4,11 +4,12 @@ group-sizes host-sync bubble.
 Path of a call: mlp.py (grouped_mlp) -> gemm.py (grouped_gemm) -> csrc/.
 """
 
-from ._ffi import MAX_GROUPS, cuda_extension_built, host_size_stats
+from ._ffi import MAX_GROUPS, cuda_extension_built, host_size_stats, size_errors
 from .gemm import grouped_gemm
 from .group_sizes import GROUP_SIZES_MODES, HostGroupSizes, copy_group_sizes
 from .expert_parallel import moe_block_ep
 from .mlp import grouped_mlp
+from . import plan
 
 __all__ = [
     "GROUP_SIZES_MODES",
@@ -20,4 +21,6 @@ __all__ = [
     "grouped_mlp",
     "host_size_stats",
     "moe_block_ep",
+    "plan",
+    "size_errors",
 ]

@@ -1,16 +1,23 @@
 """Loads the compiled handlers and registers them with XLA once, at import.
 
 The CPU extension always exists. The CUDA one exists when the package was built with a CUDA
-toolkit; it needs no GPU to import, so registering it is harmless on a CPU-only machine.
+toolkit (and TE_ASYNC_WITH_CUDA on); it needs no GPU to import, so registering it is harmless on a
+CPU-only machine.
 """
 
 import atexit
-import functools
-import os
 
 import jax
 
-from . import _te_async_cpu
+try:
+    from . import _te_async_cpu
+except ImportError as e:  # the source folder, which has no compiled modules, shadows the package
+    raise ImportError(
+        "te_async's compiled modules are missing. Python imported te_async from the source folder "
+        f"({__file__.rsplit('/', 2)[0]}), which has none: install the package (bash tools/run_tests.sh, "
+        "or pip install .) and run from another folder, or with `python -P` to keep the current folder off "
+        "sys.path."
+    ) from e
 
 try:
     from . import _te_async_cuda
@@ -18,6 +25,8 @@ except ImportError:  # built without a CUDA toolkit
     _te_async_cuda = None
 
 MAX_GROUPS: int = _te_async_cpu.MAX_GROUPS
+SMALL_GROUPS_MAX_ROWS: int = _te_async_cpu.SMALL_GROUPS_MAX_ROWS
+kernel_rule = _te_async_cpu.kernel_rule
 
 COPY_GROUP_SIZES = "te_async_copy_group_sizes"
 GROUPED_GEMM = "te_async_grouped_gemm"
@@ -37,19 +46,13 @@ def _register() -> None:
 _register()
 
 
+def cuda_module():
+    """The compiled CUDA extension, or None."""
+    return _te_async_cuda
+
+
 def cuda_extension_built() -> bool:
     return _te_async_cuda is not None
-
-
-def host_size_stats(device: int = 0) -> dict:
-    """Counters of the CUDA group-sizes machinery on one device (all zero before first use).
-
-    copies: copy_group_sizes calls; event_waits: GEMMs served from a pinned slot; sync_reads:
-    GEMMs in sync mode; fallback_reads: async GEMMs that had to read synchronously.
-    """
-    if _te_async_cuda is None:
-        return {"copies": 0, "event_waits": 0, "sync_reads": 0, "fallback_reads": 0}
-    return dict(_te_async_cuda.host_size_stats(device))
 
 
 def gpu_present() -> bool:
@@ -61,50 +64,28 @@ def gpu_present() -> bool:
         return False
 
 
-@functools.lru_cache(maxsize=None)
-def device_plan(groups: int, rows: int, k: int, n: int, ragged_k: bool, transpose_rhs: bool, in_dtype: str,
-                out_dtype: str) -> tuple:
-    """(kernel, workspace bytes) of a device-mode call on GPU 0; ("cpu", 0) without a GPU. The
-    kernel is "small_groups", "portable", or the CUTLASS config name ("cutlass_sm90_...").
+def host_size_stats(device: int = 0) -> dict:
+    """Counters of the host-sized modes on one device (all zero before first use).
 
-    The choice depends on static shapes only, so it is made at trace time and the workspace comes
-    with the call as an extra result: the handler allocates nothing, as a CUDA graph requires.
+    copies: copy_group_sizes calls; event_waits: GEMMs served from a pinned slot; sync_reads:
+    GEMMs in sync mode; fallback_reads: async GEMMs whose slot was gone, read synchronously;
+    repaired_reads: async GEMMs whose pinned sizes the GPU found stale and recomputed (a device
+    counter: read after the step, it costs a synchronous copy).
     """
     if not gpu_present():
-        return "cpu", 0
-    _check_kernel_rule_env()
-    return tuple(_te_async_cuda.device_plan(groups, rows, k, n, ragged_k, transpose_rhs, in_dtype, out_dtype, 0))
+        return {"copies": 0, "event_waits": 0, "sync_reads": 0, "fallback_reads": 0, "repaired_reads": 0}
+    stats = dict(_te_async_cuda.host_size_stats(device))
+    stats["repaired_reads"] = _te_async_cuda.device_counters(device)["repaired_reads"]
+    return stats
 
 
-def cutlass_configs(form: str) -> list:
-    """The CUTLASS configs a form ("m", "mt", "k") can run, the values TE_ASYNC_CUTLASS_CONFIG
-    accepts; empty where CUTLASS is not built."""
-    if _te_async_cuda is None:
-        return []
-    return list(_te_async_cuda.CUTLASS_CONFIGS.get(form, []))
+def size_errors(device: int = 0) -> int:
+    """How many device-mode GEMM calls on GPU `device` received invalid group sizes (a negative
+    size, or a sum past the rows) and clamped them, since the process started.
 
-
-def device_kernel_choice(*args, **kwargs) -> str:
-    """The C++ kernel rule (csrc/device_kernel_choice.h) for any target, GPU or not."""
-    _check_kernel_rule_env()
-    return _te_async_cpu.device_kernel_choice(*args, **kwargs)
-
-
-SMALL_GROUPS_MAX_ROWS_ENV = "TE_ASYNC_SMALL_GROUPS_MAX_ROWS"
-
-
-def _check_kernel_rule_env() -> None:
-    """The C++ rule reads TE_ASYNC_SMALL_GROUPS_MAX_ROWS once, with no error path (a typo would read
-    as 0 rows, i.e. never small_groups), so a value that is not a row count is refused here,
-    before the rule first runs."""
-    value = os.environ.get(SMALL_GROUPS_MAX_ROWS_ENV)
-    if value is not None and not value.strip().isdigit():
-        raise ValueError(f"{SMALL_GROUPS_MAX_ROWS_ENV}={value!r}: expected a non-negative whole number of rows")
-
-
-def device_mode_is_fast(groups: int, rows: int, k: int, n: int, dtype: str) -> bool:
-    """Whether device mode has a fast kernel for a ragged-m GEMM of this shape (and for the wgrad
-    of its rows): always off the GPU, where every mode runs the same reference; on the GPU where
-    device_plan picks a kernel other than the portable SIMT one, i.e. at decode sizes (small_groups)
-    and, when built, on CUTLASS. The portable kernel is correct but far slower than cuBLAS."""
-    return device_plan(groups, rows, k, n, False, False, dtype, dtype)[0] != "portable"
+    Inside a CUDA graph a call cannot raise, so it counts instead: check this after a step (it
+    costs a synchronous copy; the step pays nothing). Always 0 off the GPU, where every mode raises.
+    """
+    if not gpu_present():
+        return 0
+    return int(_te_async_cuda.device_counters(device)["clamped_calls"])

@@ -28,16 +28,14 @@ on its own local sizes right after the count exchange, before the rows move, so 
 overlaps the exchange; the pinned slots and events are per device ordinal.
 """
 
-import functools
 from typing import NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from . import _ffi
-from .group_sizes import copy_group_sizes, resolve_group_sizes_mode
-from .mlp import grouped_mlp
+from .group_sizes import copy_group_sizes
+from .mlp import grouped_mlp, resolve_mlp_mode
 from .moe import combine, plan_dispatch, route_top_k
 
 TRANSPORTS = ("ragged", "dense")
@@ -141,9 +139,8 @@ def moe_block_ep(
     transport = transport or default_transport(mesh)
     if transport not in TRANSPORTS:
         raise ValueError(f"transport must be one of {TRANSPORTS} or None, got {transport!r}")
-    fast = functools.partial(_ffi.device_mode_is_fast, e // d, capacity, x.shape[1], w_fc1.shape[2],
-                             jnp.dtype(x.dtype).name)
-    mode = resolve_group_sizes_mode(group_sizes_mode, use_async_d2h_group_sizes, None, fast)
+    mode = resolve_mlp_mode(group_sizes_mode, use_async_d2h_group_sizes, None, groups=e // d, rows=capacity,
+                            w_fc1=w_fc1, w_fc2=w_fc2)
     exchange = _exchange(transport, axis_name, d)
 
     def body(x, router, w_fc1, w_fc2, norm_scale):

@@ -2,7 +2,8 @@
 
 The handlers are in csrc/: csrc/cpu/grouped_gemm_cpu.cc on the CPU; on CUDA,
 csrc/cuda/grouped_gemm_cublas.cc for the host-sized modes (one cuBLAS GEMM per non-empty group
-over side streams) and csrc/cuda/grouped_gemm_device.cc for device mode.
+over side streams) and csrc/cuda/grouped_gemm_device.cc for device mode, whose plan (kernel,
+CUTLASS config, workspace) te_async/plan.py makes here, at trace time.
 """
 
 import functools
@@ -12,7 +13,7 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from . import _ffi
+from . import _ffi, plan
 from .sharding import require_replicated
 from .group_sizes import HostGroupSizes, check_group_sizes, host_sizes_operand, resolve_group_sizes_mode
 
@@ -48,17 +49,30 @@ def grouped_gemm_output(lhs, rhs, group_sizes, *, ragged="m", transpose_rhs=Fals
     return jax.ShapeDtypeStruct((g, k, rhs.shape[1]), out_dtype)
 
 
-def _device_grouped_gemm(lhs, rhs, group_sizes, out_type, ragged_k: bool, transpose_rhs: bool):
+def gemm_shape(lhs, group_sizes, out_type, ragged: str, transpose_rhs: bool) -> plan.GemmShape:
+    """The static shape a checked call plans with."""
     (m, k), g = lhs.shape, group_sizes.shape[0]
-    n = out_type.shape[-1]
-    kernel, workspace_bytes = _ffi.device_plan(
-        g, m, k, n, ragged_k, transpose_rhs, jnp.dtype(lhs.dtype).name, jnp.dtype(out_type.dtype).name
-    )
-    logger.debug("grouped_gemm device mode: kernel=%s G=%d M=%d K=%d N=%d ragged_k=%s", kernel, g, m, k, n, ragged_k)
-    workspace = jax.ShapeDtypeStruct((workspace_bytes,), jnp.uint8)
-    call = jax.ffi.ffi_call(_ffi.GROUPED_GEMM_DEVICE, (out_type, workspace), vmap_method="sequential")
-    call = functools.partial(call, ragged_k=ragged_k, transpose_rhs=transpose_rhs)
-    out, _ = require_replicated(call, "te_async.grouped_gemm", OPERANDS)(lhs, rhs, group_sizes)
+    return plan.GemmShape(g, m, k, out_type.shape[-1], ragged == "k", bool(transpose_rhs), jnp.dtype(lhs.dtype).name,
+                          jnp.dtype(out_type.dtype).name)
+
+
+def grouped_gemm_call(lhs, rhs, group_sizes, out_type, shape: plan.GemmShape, mode: str,
+                      host_group_sizes: Optional[HostGroupSizes] = None) -> jax.Array:
+    """The FFI call of a checked grouped GEMM in a resolved mode (grouped_mlp calls this directly)."""
+    form = dict(ragged_k=shape.ragged_k, transpose_rhs=shape.transpose_rhs)
+    if mode == "device":
+        device_plan = plan.plan_device_gemm(shape)
+        logger.debug("grouped_gemm device mode: %s %s", device_plan.label, shape)
+        workspace = jax.ShapeDtypeStruct((device_plan.workspace_bytes,), jnp.uint8)
+        call = jax.ffi.ffi_call(_ffi.GROUPED_GEMM_DEVICE, (out_type, workspace), vmap_method="sequential")
+        call = functools.partial(call, kernel=device_plan.kernel, cutlass_config=device_plan.config, **form)
+        out, _ = require_replicated(call, "te_async.grouped_gemm", OPERANDS)(lhs, rhs, group_sizes)
+        return out
+    sizes = host_sizes_operand(group_sizes, mode, host_group_sizes)
+    repair_flag = jax.ShapeDtypeStruct((1,), jnp.int32)  # device scratch of the GPU's check of pinned sizes
+    call = jax.ffi.ffi_call(_ffi.GROUPED_GEMM, (out_type, repair_flag), vmap_method="sequential")
+    call = functools.partial(call, async_host_sizes=mode == "async", **form)
+    out, _ = require_replicated(call, "te_async.grouped_gemm", OPERANDS)(lhs, rhs, sizes)
     return out
 
 
@@ -81,25 +95,21 @@ def grouped_gemm(
     Accumulates in float32 whatever the input dtype.
 
     group_sizes_mode: "device" reads the sizes on the GPU: no copy, no host wait, CUDA-graph safe;
-    it is the default wherever it has a fast kernel for the shape (decode sizes, and any size on
-    Hopper with the CUTLASS kernels built; see _ffi.device_mode_is_fast), and "async" is the
-    default elsewhere. In device mode a negative
-    size counts as 0 and a sum past M is cut at M (set TE_ASYNC_CHECK_DEVICE_SIZES=1 to raise
-    instead, as the other modes do). "sync" reads the sizes
-    to the host inside the call (TE's behaviour); "async" uses `host_group_sizes` (or makes one)
-    and waits only on its copy's event; `use_async_d2h_group_sizes=True` is TE's spelling of it.
+    it is the default wherever it has a fast kernel for the shape (te_async.plan.device_mode_is_fast),
+    and "async" is the default elsewhere. "sync" reads the sizes to the host inside the call (TE's
+    behaviour); "async" uses `host_group_sizes` (or makes one) and waits only on its copy's event;
+    `use_async_d2h_group_sizes=True` is TE's spelling of it.
+    A negative size or a sum past M raises in every mode on the CPU and in the host-sized modes on
+    the GPU. Device mode on the GPU cannot raise from inside a CUDA graph: it counts a negative size
+    as 0, cuts the groups at row M, and counts the call in te_async.size_errors()
+    (TE_ASYNC_CHECK_DEVICE_SIZES=1 makes it raise instead, without command buffers).
     Under vmap the call runs sequentially, one GEMM per batch element.
     """
     lhs, rhs, group_sizes = jnp.asarray(lhs), jnp.asarray(rhs), jnp.asarray(group_sizes)
     out_type = grouped_gemm_output(
         lhs, rhs, group_sizes, ragged=ragged, transpose_rhs=transpose_rhs, preferred_element_type=preferred_element_type
     )
-    (m, k), n = lhs.shape, out_type.shape[-1]
-    fast = functools.partial(_ffi.device_mode_is_fast, group_sizes.shape[0], m, k, n, jnp.dtype(lhs.dtype).name)
-    mode = resolve_group_sizes_mode(group_sizes_mode, use_async_d2h_group_sizes, host_group_sizes, fast)
-    if mode == "device":
-        return _device_grouped_gemm(lhs, rhs, group_sizes, out_type, ragged == "k", bool(transpose_rhs))
-    sizes = host_sizes_operand(group_sizes, mode, host_group_sizes)
-    call = jax.ffi.ffi_call(_ffi.GROUPED_GEMM, out_type, vmap_method="sequential")
-    call = functools.partial(call, ragged_k=ragged == "k", transpose_rhs=bool(transpose_rhs), async_host_sizes=mode == "async")
-    return require_replicated(call, "te_async.grouped_gemm", OPERANDS)(lhs, rhs, sizes)
+    shape = gemm_shape(lhs, group_sizes, out_type, ragged, transpose_rhs)
+    mode = resolve_group_sizes_mode(group_sizes_mode, use_async_d2h_group_sizes, host_group_sizes,
+                                    lambda: plan.device_mode_is_fast([shape]))
+    return grouped_gemm_call(lhs, rhs, group_sizes, out_type, shape, mode, host_group_sizes)

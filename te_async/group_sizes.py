@@ -3,8 +3,9 @@
 A host-sized grouped GEMM must know the group sizes on the host. Reading them inside each GEMM
 (TE's behaviour, mode "sync") stalls the host until the GPU drains. copy_group_sizes instead
 enqueues the device-to-host copy early, into a pinned slot, and records a CUDA event; GEMMs that
-take the handle wait for that event only (mode "async"). Mode "device", the default, never copies:
-its kernels read the sizes on the GPU, so the call can sit inside a CUDA graph.
+take the handle wait for that event only (mode "async"), and the GPU checks the sizes they used
+against the handle (csrc/cuda/host_sizes_guard.h). Mode "device", the default where it has fast
+kernels, never copies: its kernels read the sizes on the GPU, so the call can sit inside a CUDA graph.
 """
 
 from typing import Callable, NamedTuple, Optional
@@ -21,9 +22,11 @@ class HostGroupSizes(NamedTuple):
     """The handle copy_group_sizes returns.
 
     `device_sizes` is a device snapshot of the sizes. Consumers take it as an operand: that data
-    dependency orders the copy before them (no side effects needed), and its buffer names the
-    pinned slot. Consume it in the same jitted computation (or scan body) that made it; if XLA
-    ever copies it elsewhere, the GEMM still reads the right sizes, synchronously.
+    dependency orders the copy before them (no side effects needed), and its buffer address finds
+    the pinned slot. Consume it in the same jitted computation (or scan body) that made it: that is
+    where the lookup finds its own copy. Wherever XLA moves it, the result stays right: a slot that
+    is gone is read synchronously (host_size_stats()["fallback_reads"]) and a stale one is redone
+    on the GPU (host_size_stats()["repaired_reads"]).
     """
 
     device_sizes: jax.Array
@@ -33,8 +36,10 @@ def check_group_sizes(group_sizes) -> None:
     """Raises before lowering for what the type of group_sizes already tells."""
     if group_sizes.dtype != jnp.int32 or group_sizes.ndim != 1:
         raise TypeError(f"group_sizes must be int32 [G], got {group_sizes.dtype} {tuple(group_sizes.shape)}")
-    if not 1 <= group_sizes.shape[0] <= _ffi.MAX_GROUPS:
-        raise ValueError(f"too many groups: {group_sizes.shape[0]} (supported: 1..{_ffi.MAX_GROUPS})")
+    if group_sizes.shape[0] == 0:
+        raise ValueError("group_sizes has 0 groups; a grouped GEMM needs at least 1")
+    if group_sizes.shape[0] > _ffi.MAX_GROUPS:
+        raise ValueError(f"too many groups: {group_sizes.shape[0]} (at most {_ffi.MAX_GROUPS})")
 
 
 def copy_group_sizes(group_sizes: jax.Array) -> HostGroupSizes:
@@ -59,19 +64,24 @@ def resolve_group_sizes_mode(
     host_group_sizes: Optional[HostGroupSizes],
     device_is_fast: Callable[[], bool] = lambda: True,
 ) -> str:
-    """One mode from the explicit name, or from TE's spelling `use_async_d2h_group_sizes`.
+    """One mode from the explicit name, or from TE's spelling `use_async_d2h_group_sizes`; a
+    contradiction between them (or with `host_group_sizes`, which only async mode reads) raises.
 
-    With neither: "device" where it has a fast kernel for the shape (`device_is_fast()`, e.g. a
-    partial of _ffi.device_mode_is_fast, asked only then), else "async", the fastest host-sized mode.
+    With neither: "device" where it has a fast kernel for every GEMM of the call (`device_is_fast()`,
+    asked only then), else "async", the fastest host-sized mode.
     """
+    if group_sizes_mode is not None and group_sizes_mode not in GROUP_SIZES_MODES:
+        raise ValueError(f"group_sizes_mode must be one of {GROUP_SIZES_MODES} or None, got {group_sizes_mode!r}")
+    if group_sizes_mode not in (None, "async"):
+        if use_async_d2h_group_sizes:
+            raise ValueError(f"use_async_d2h_group_sizes=True asks for async mode, but group_sizes_mode="
+                             f"{group_sizes_mode!r}: pass one of the two")
+        if host_group_sizes is not None:
+            raise ValueError(f"host_group_sizes is only used in async mode, not {group_sizes_mode!r}")
     if group_sizes_mode is None:
         if use_async_d2h_group_sizes or host_group_sizes is not None or not device_is_fast():
             return "async"
         return "device"
-    if group_sizes_mode not in GROUP_SIZES_MODES:
-        raise ValueError(f"group_sizes_mode must be one of {GROUP_SIZES_MODES} or None, got {group_sizes_mode!r}")
-    if host_group_sizes is not None and group_sizes_mode != "async":
-        raise ValueError(f"host_group_sizes is only used in async mode, not {group_sizes_mode!r}")
     return group_sizes_mode
 
 

@@ -28,7 +28,7 @@ from typing import NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 
-from . import _ffi
+from . import plan
 from .gemm import grouped_gemm
 from .group_sizes import HostGroupSizes, check_group_sizes, copy_group_sizes, resolve_group_sizes_mode
 from .sharding import check_unsharded
@@ -104,6 +104,23 @@ def _check(x, group_sizes, w_fc1, w_fc2, norm_scale, norm_bias, norm, activation
         raise ValueError("rmsnorm takes no norm_bias")
 
 
+def gemm_shapes(groups: int, rows: int, hidden: int, fc1_n: int, ffn: int, dtype) -> tuple:
+    """The six GEMMs of a layer, forward (fc1, fc2), dgrad (fc2, fc1) and wgrad (fc2, fc1): the
+    default mode must suit all of them, not fc1's forward alone."""
+    d = jnp.dtype(dtype).name
+    m = functools.partial(plan.GemmShape, groups, rows, dtype=d)
+    return (m(hidden, fc1_n), m(ffn, hidden), m(hidden, ffn, transpose_rhs=True), m(fc1_n, hidden, transpose_rhs=True),
+            m(ffn, hidden, ragged_k=True), m(hidden, fc1_n, ragged_k=True))
+
+
+def resolve_mlp_mode(group_sizes_mode, use_async_d2h_group_sizes, host_group_sizes, *, groups: int, rows: int,
+                     w_fc1, w_fc2) -> str:
+    """The group-sizes mode of a grouped_mlp call (or of an MoE block around one); see grouped_mlp."""
+    shapes = lambda: gemm_shapes(groups, rows, w_fc1.shape[1], w_fc1.shape[2], w_fc2.shape[1], w_fc1.dtype)
+    return resolve_group_sizes_mode(group_sizes_mode, use_async_d2h_group_sizes, host_group_sizes,
+                                    lambda: plan.device_mode_is_fast(shapes()))
+
+
 def _gemm(cfg: _Config, handle, lhs, rhs, group_sizes, **kw):
     return grouped_gemm(lhs, rhs, group_sizes, group_sizes_mode=cfg.mode, host_group_sizes=handle, **kw)
 
@@ -163,18 +180,18 @@ def grouped_mlp(
     x, norm_scale, norm_bias, w_fc1 and w_fc2. Pass `host_group_sizes` made by copy_group_sizes
     right after routing to start the copy before the token permutation (async mode).
 
-    group_sizes_mode: None means "device" where it has a fast kernel for these shapes (at decode
-    sizes, M <= 512 rows, and on Hopper with the CUTLASS kernels built at any size) unless
+    group_sizes_mode: None means "device" where it has a fast kernel for all six GEMMs of the layer
+    (forward, dgrad and wgrad; on the GPU at decode sizes, M <= 512 rows, and on Hopper with the
+    CUTLASS kernels built whenever the dimensions are multiples of 8; always on the CPU) unless
     `use_async_d2h_group_sizes` or `host_group_sizes` asks for "async", which is also the default
-    elsewhere; see grouped_gemm for the modes. The mode that runs is
+    elsewhere; see grouped_gemm for the modes and for bad sizes. The mode that runs is
     logged at debug level on the "te_async" logger.
     """
     x, group_sizes = jnp.asarray(x), jnp.asarray(group_sizes)
     _check(x, group_sizes, w_fc1, w_fc2, norm_scale, norm_bias, norm, activation)
     check_unsharded("te_async.grouped_mlp", x=x, group_sizes=group_sizes, w_fc1=w_fc1, w_fc2=w_fc2)
-    fast = functools.partial(_ffi.device_mode_is_fast, group_sizes.shape[0], *x.shape, w_fc1.shape[2],
-                             jnp.dtype(x.dtype).name)
-    mode = resolve_group_sizes_mode(group_sizes_mode, use_async_d2h_group_sizes, host_group_sizes, fast)
+    mode = resolve_mlp_mode(group_sizes_mode, use_async_d2h_group_sizes, host_group_sizes, groups=group_sizes.shape[0],
+                            rows=x.shape[0], w_fc1=w_fc1, w_fc2=w_fc2)
     logger.debug("grouped_mlp: group_sizes_mode=%s G=%d M=%d", mode, group_sizes.shape[0], x.shape[0])
     cfg = _Config(norm, float(eps), activation, mode)
     return _grouped_mlp(cfg, x, group_sizes, w_fc1, w_fc2, norm_scale, norm_bias, host_group_sizes)

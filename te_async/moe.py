@@ -5,15 +5,13 @@ In async mode the block issues copy_group_sizes right after routing, before the 
 and hands the handle to grouped_mlp, so that the group-sizes copy overlaps the dispatch.
 """
 
-import functools
 from typing import NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
 
-from . import _ffi
-from .group_sizes import copy_group_sizes, resolve_group_sizes_mode
-from .mlp import grouped_mlp
+from .group_sizes import copy_group_sizes
+from .mlp import grouped_mlp, resolve_mlp_mode
 
 
 class Routing(NamedTuple):
@@ -71,10 +69,8 @@ def moe_block(
     """
     routing = route_top_k(x, router, top_k)
     dispatch = plan_dispatch(routing.experts, router.shape[1])
-    rows, fc1_n = x.shape[0] * top_k, w_fc1.shape[2]
-    fast = functools.partial(_ffi.device_mode_is_fast, router.shape[1], rows, x.shape[1], fc1_n,
-                             jnp.dtype(x.dtype).name)
-    mode = resolve_group_sizes_mode(group_sizes_mode, use_async_d2h_group_sizes, None, fast)
+    mode = resolve_mlp_mode(group_sizes_mode, use_async_d2h_group_sizes, None, groups=router.shape[1],
+                            rows=x.shape[0] * top_k, w_fc1=w_fc1, w_fc2=w_fc2)
     handle = None
     if mode == "async" and early_copy:
         handle = copy_group_sizes(dispatch.group_sizes)

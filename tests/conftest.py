@@ -7,14 +7,7 @@ import pytest
 jax.config.update("jax_num_cpu_devices", 4)  # expert-parallel tests shard over CPU devices; set before backends start
 jax.config.update("jax_enable_x64", True)  # for the float64 references; te_async is explicit about dtypes
 
-
-def gpu_available() -> bool:
-    import te_async
-
-    try:
-        return te_async.cuda_extension_built() and bool(jax.devices("gpu"))
-    except RuntimeError:
-        return False
+from helpers import gpu_available  # noqa: E402  (after the config: helpers imports jax.numpy)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -10,10 +10,10 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import te_async
+from helpers import moe_params
 from reference import mlp_reference, rel_error
 from te_async.expert_parallel import dense_ragged_all_to_all, moe_block_ep
 from te_async.moe import moe_block, route_top_k
-from test_moe import moe_params
 
 TOP_K = 2
 

@@ -10,17 +10,19 @@ import numpy as np
 import pytest
 
 import te_async
-from te_async import _ffi
+from te_async import plan
+from helpers import FORMS, TOL, cutlass_runs, device_plan, gemm_operands, mlp_layer_stack, on_gpu, random_kind
 from reference import SIZE_KINDS, grouped_gemm_reference, random_group_sizes, rel_error
 
 pytestmark = pytest.mark.gpu
 
-TOL = {jnp.float32: 1e-5, jnp.bfloat16: 8e-3, jnp.float16: 1e-3}
-FORMS = [("m", False), ("m", True), ("k", False)]
-
-
-def on_gpu(a):
-    return jax.device_put(a, jax.devices("gpu")[0])
+# csrc/device_kernel_choice.h: small_groups takes ragged-m GEMMs of at most SMALL_GROUPS_MAX_ROWS
+# rows (512 unless TE_ASYNC_SMALL_GROUPS_MAX_ROWS says otherwise), and where CUTLASS can take the
+# shape (16-bit in and out, K and N multiples of 8, on sm_90 with CUTLASS built) at most
+# ROWS_PER_GROUP rows per group on average; cutlass_sm90 takes the rest of those shapes; portable
+# everything else.
+SMALL_GROUPS_MAX_ROWS, ROWS_PER_GROUP = plan.read_settings().small_groups_max_rows, 2
+SIXTEEN_BIT = (jnp.bfloat16, jnp.float16)
 
 
 def device_gemm(lhs, rhs, sizes, ragged, transpose_rhs, out_dtype=None):
@@ -29,24 +31,19 @@ def device_gemm(lhs, rhs, sizes, ragged, transpose_rhs, out_dtype=None):
     return f(on_gpu(lhs), on_gpu(rhs), on_gpu(jnp.asarray(sizes)))
 
 
-def operands(rng, dtype, groups, rows, k, n, ragged, transpose_rhs):
-    lhs = jnp.asarray(rng.standard_normal((rows, k)), dtype)
-    if ragged == "k":
-        return lhs, jnp.asarray(rng.standard_normal((rows, n)), dtype)
-    return lhs, jnp.asarray(rng.standard_normal((groups, n, k) if transpose_rhs else (groups, k, n)), dtype)
-
-
-def kernel_for(groups, rows, k, n, ragged, transpose_rhs, dtype, out_dtype=None):
-    name = jnp.dtype(dtype).name
-    kernel = _ffi.device_plan(groups, rows, k, n, ragged == "k", transpose_rhs, name, jnp.dtype(out_dtype or dtype).name)[0]
-    return "cutlass_sm90" if kernel.startswith("cutlass_sm90") else kernel
+def skip_without_cutlass():
+    if not cutlass_runs():
+        pytest.skip("CUTLASS sm_90a kernels not built or not a Hopper GPU")
 
 
 def check(rng, dtype, groups, rows, k, n, ragged, transpose_rhs, kind, expect_kernel=None, out_dtype=None):
+    """One device-mode call on random operands against float64; first, that its plan runs
+    `expect_kernel` (where given)."""
     sizes = random_group_sizes(rng, groups, rows, kind)
     if expect_kernel is not None:
-        assert kernel_for(groups, rows, k, n, ragged, transpose_rhs, dtype, out_dtype) == expect_kernel
-    lhs, rhs = operands(rng, dtype, groups, rows, k, n, ragged, transpose_rhs)
+        got = device_plan(groups, rows, k, n, ragged, transpose_rhs, dtype, out_dtype).kernel
+        assert got == expect_kernel, (groups, rows, k, n, ragged, transpose_rhs, dtype, out_dtype)
+    lhs, rhs = gemm_operands(rng, dtype, groups, rows, k, n, ragged, transpose_rhs)
     out = device_gemm(lhs, rhs, sizes, ragged, transpose_rhs, out_dtype)
     ref = grouped_gemm_reference(lhs, rhs, sizes, ragged, transpose_rhs)
     err = rel_error(out, ref)
@@ -58,14 +55,43 @@ def check(rng, dtype, groups, rows, k, n, ragged, transpose_rhs, kind, expect_ke
         assert not np.any(np.asarray(out, np.float32)[sizes == 0])
 
 
+def shape_for_kernel(rng, kernel, groups, dtype, ragged):
+    """Random rows, K and N that the kernel rule above gives `kernel` on any GPU (cutlass_sm90:
+    where it runs at all): K and N mostly not multiples of 8, except for CUTLASS."""
+    small_limit = min(SMALL_GROUPS_MAX_ROWS, ROWS_PER_GROUP * groups)  # where CUTLASS could run
+    if kernel == "cutlass_sm90":  # aligned, and past small_groups (ragged k never is small_groups)
+        k, n = 8 * int(rng.integers(1, 38)), 8 * int(rng.integers(1, 38))
+        return int(rng.integers(1 if ragged == "k" else small_limit + 1, 3000)), k, n
+    k, n = int(rng.integers(1, 300)), int(rng.integers(1, 300))
+    if kernel == "portable":  # past small_groups, and not a shape CUTLASS takes
+        rows = int(rng.integers(1 if ragged == "k" else SMALL_GROUPS_MAX_ROWS + 1, 3000))
+        cutlass_shape_possible = True
+    else:  # small_groups
+        rows = int(rng.integers(1, SMALL_GROUPS_MAX_ROWS + 1))
+        cutlass_shape_possible = rows > small_limit
+    if dtype in SIXTEEN_BIT and cutlass_shape_possible and k % 8 == 0 and n % 8 == 0:
+        k += 1  # now not a multiple of 8: no TMA, no CUTLASS
+    return rows, k, n
+
+
+KERNEL_CASES = [
+    (kernel, dtype, ragged, transpose_rhs)
+    for kernel in ("small_groups", "portable", "cutlass_sm90")
+    for dtype in (jnp.bfloat16, jnp.float16, jnp.float32)
+    for ragged, transpose_rhs in FORMS
+    if not (kernel == "small_groups" and ragged == "k") and not (kernel == "cutlass_sm90" and dtype not in SIXTEEN_BIT)
+]
+
+
 @pytest.mark.parametrize("groups", [1, 8, 64, 128, 256])
-@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16, jnp.float32])
-@pytest.mark.parametrize("ragged,transpose_rhs", FORMS)
-def test_random_shapes(rng, groups, dtype, ragged, transpose_rhs):
-    """Any shape, any sizes: K and N mostly not multiples of 8, so all three kernels are reached."""
-    kind = SIZE_KINDS[int(rng.integers(len(SIZE_KINDS)))]
-    rows, k, n = int(rng.integers(1, 3000)), int(rng.integers(1, 300)), int(rng.integers(1, 300))
-    check(rng, dtype, groups, rows, k, n, ragged, transpose_rhs, kind)
+@pytest.mark.parametrize("kernel,dtype,ragged,transpose_rhs", KERNEL_CASES)
+def test_random_shapes(rng, groups, kernel, dtype, ragged, transpose_rhs):
+    """Any shape, any sizes, for each kernel: random shapes built so that the plan must pick
+    `kernel` (asserted before the values), so that each kernel is reached by construction."""
+    if kernel == "cutlass_sm90":
+        skip_without_cutlass()
+    rows, k, n = shape_for_kernel(rng, kernel, groups, dtype, ragged)
+    check(rng, dtype, groups, rows, k, n, ragged, transpose_rhs, random_kind(rng), expect_kernel=kernel)
 
 
 @pytest.mark.parametrize("kind", SIZE_KINDS)
@@ -74,9 +100,9 @@ def test_random_shapes(rng, groups, dtype, ragged, transpose_rhs):
 def test_decode_shapes(rng, kind, tokens, transpose_rhs):
     """DeepSeek-V2-Lite decode, top-6 of 64 experts: small_groups up to 2 rows per expert, then
     (where built) CUTLASS."""
-    check(rng, jnp.bfloat16, 64, 6 * tokens, 2048, 1408, "m", transpose_rhs, kind)
-    if 6 * tokens <= 2 * 64:
-        assert kernel_for(64, 6 * tokens, 2048, 1408, "m", transpose_rhs, jnp.bfloat16) == "small_groups"
+    rows = 6 * tokens
+    kernel = "small_groups" if rows <= ROWS_PER_GROUP * 64 or not cutlass_runs() else "cutlass_sm90"
+    check(rng, jnp.bfloat16, 64, rows, 2048, 1408, "m", transpose_rhs, kind, expect_kernel=kernel)
 
 
 @pytest.mark.parametrize("n", [8, 13, 100, 264])
@@ -89,40 +115,29 @@ def test_small_groups_kernel_odd_widths(rng, n):
 @pytest.mark.parametrize("ragged,transpose_rhs", FORMS)
 def test_cutlass_kernel(rng, dtype, groups, ragged, transpose_rhs):
     """Aligned K and N (what TMA needs) and M past the small-groups limit: the Hopper kernel."""
-    if kernel_for(groups, 4000, 256, 384, ragged, transpose_rhs, dtype) != "cutlass_sm90":
-        pytest.skip("CUTLASS sm_90a kernels not built or not a Hopper GPU")
-    kind = SIZE_KINDS[int(rng.integers(len(SIZE_KINDS)))]
+    skip_without_cutlass()
     rows = int(rng.integers(600, 5000))
-    check(rng, dtype, groups, rows, 256, 384, ragged, transpose_rhs, kind, expect_kernel="cutlass_sm90")
+    check(rng, dtype, groups, rows, 256, 384, ragged, transpose_rhs, random_kind(rng), expect_kernel="cutlass_sm90")
 
 
-CUTLASS_FORM_CONFIGS = [(form, config) for form in ("m", "mt", "k") for config in _ffi.cutlass_configs(form)]
+CUTLASS_FORM_CONFIGS = [(form, config) for form in ("m", "mt", "k") for config in plan.cutlass_configs(form)]
 
 
 @pytest.mark.parametrize("form,config", CUTLASS_FORM_CONFIGS)
 def test_cutlass_every_config(rng, monkeypatch, form, config):
     """Each config the heuristic or TE_ASYNC_CUTLASS_CONFIG can pick, on uneven sizes with zeros."""
+    skip_without_cutlass()
     ragged, transpose_rhs = ("k", False) if form == "k" else ("m", form == "mt")
-    monkeypatch.setenv("TE_ASYNC_CUTLASS_CONFIG", config)
+    monkeypatch.setenv("TE_ASYNC_CUTLASS_CONFIG", config)  # read when a call is traced: check() jits afresh
     for kind in ("skewed", "zeros", "underfull"):
-        check(rng, jnp.bfloat16, 24, int(rng.integers(1500, 4000)), 256, 384, ragged, transpose_rhs, kind,
-              expect_kernel="cutlass_sm90")
-
-
-def test_cutlass_config_typo_raises(rng, monkeypatch):
-    """A misspelled TE_ASYNC_CUTLASS_CONFIG raises instead of leaving the heuristic on unnoticed."""
-    if kernel_for(8, 1111, 256, 136, "m", False, jnp.bfloat16) != "cutlass_sm90":
-        pytest.skip("CUTLASS sm_90a kernels not built or not a Hopper GPU")
-    monkeypatch.setenv("TE_ASYNC_CUTLASS_CONFIG", "cutlass_sm90_coop_128x265x64_c1x1")
-    _ffi.device_plan.cache_clear()
-    with pytest.raises((ValueError, jax.errors.JaxRuntimeError), match="is not a CUTLASS config"):
-        check(rng, jnp.bfloat16, 8, 1111, 256, 136, "m", False, "random")
+        rows = int(rng.integers(1500, 4000))
+        assert device_plan(24, rows, 256, 384, ragged, transpose_rhs, jnp.bfloat16).label == config
+        check(rng, jnp.bfloat16, 24, rows, 256, 384, ragged, transpose_rhs, kind, expect_kernel="cutlass_sm90")
 
 
 @pytest.mark.parametrize("kind", SIZE_KINDS)
 def test_cutlass_kernel_prefill_like(rng, kind):
-    if kernel_for(64, 6144, 1024, 1408, "m", False, jnp.bfloat16) != "cutlass_sm90":
-        pytest.skip("CUTLASS sm_90a kernels not built or not a Hopper GPU")
+    skip_without_cutlass()
     check(rng, jnp.bfloat16, 64, 6144, 1024, 1408, "m", False, kind, expect_kernel="cutlass_sm90")
 
 
@@ -132,23 +147,31 @@ def test_portable_kernel_f32_output(rng, ragged, transpose_rhs):
           out_dtype=jnp.float32)
 
 
+# (kernel, rows, k, n) that the kernel rule gives each kernel: N = 60 is no CUTLASS shape.
+CLAMP_CASES = [("small_groups", 40, 64, 60), ("portable", 1200, 64, 60), ("cutlass_sm90", 1200, 64, 64)]
+
+
+@pytest.mark.parametrize("kernel,rows,k,n", CLAMP_CASES)
 @pytest.mark.parametrize("ragged,transpose_rhs", FORMS)
-def test_bad_sizes_are_clamped(rng, ragged, transpose_rhs):
-    for rows, k, n in ((40, 64, 64), (1200, 64, 64)):  # small-groups and large-groups kernels
-        sizes = np.array([rows // 4, -7, rows // 2, 0, rows], np.int32)
-        clamped = np.array([rows // 4, 0, rows // 2, 0, rows - rows // 4 - rows // 2], np.int32)
-        lhs, rhs = operands(rng, jnp.bfloat16, 5, rows, k, n, ragged, transpose_rhs)
-        out = device_gemm(lhs, rhs, sizes, ragged, transpose_rhs)
-        assert rel_error(out, grouped_gemm_reference(lhs, rhs, clamped, ragged, transpose_rhs)) < TOL[jnp.bfloat16]
+def test_bad_sizes_are_clamped(rng, kernel, rows, k, n, ragged, transpose_rhs):
+    """Device mode on the GPU cannot raise from a CUDA graph: a negative size counts as 0 and a
+    group that runs past row M is cut there, in every kernel. (tools/gpu_check.sh's sanitize stage
+    runs this under memcheck, by -k clamped; test_gpu_size_errors.py also counts such calls.)"""
+    if kernel == "small_groups" and ragged == "k":
+        pytest.skip("ragged k never runs small_groups")
+    if kernel == "cutlass_sm90":
+        skip_without_cutlass()
+    assert device_plan(5, rows, k, n, ragged, transpose_rhs, jnp.bfloat16).kernel == kernel
+    sizes = np.array([rows // 4, -7, rows // 2, 0, rows], np.int32)
+    clamped = np.array([rows // 4, 0, rows // 2, 0, rows - rows // 4 - rows // 2], np.int32)
+    lhs, rhs = gemm_operands(rng, jnp.bfloat16, 5, rows, k, n, ragged, transpose_rhs)
+    out = device_gemm(lhs, rhs, sizes, ragged, transpose_rhs)
+    assert rel_error(out, grouped_gemm_reference(lhs, rhs, clamped, ragged, transpose_rhs)) < TOL[jnp.bfloat16]
 
 
 def test_26_layer_decode_scan_matches_sync(rng):
-    layers, groups, tokens, hidden, ffn = 26, 64, 4, 256, 128
-    rows = 6 * tokens
-    sizes = np.stack([random_group_sizes(rng, groups, rows, SIZE_KINDS[i % len(SIZE_KINDS)]) for i in range(layers)])
-    w1 = jnp.asarray(rng.standard_normal((layers, groups, hidden, 2 * ffn)) / np.sqrt(hidden), jnp.bfloat16)
-    w2 = jnp.asarray(rng.standard_normal((layers, groups, ffn, hidden)) / np.sqrt(ffn), jnp.bfloat16)
-    x0 = jnp.asarray(rng.standard_normal((rows, hidden)), jnp.bfloat16)
+    tokens = 4
+    sizes, w1, w2, x0 = mlp_layer_stack(rng, 26, groups=64, rows=6 * tokens, hidden=256, ffn=128, dtype=jnp.bfloat16)
 
     def run(mode):
         def layer(x, inputs):
@@ -173,6 +196,6 @@ def test_default_mode_is_device_where_a_fast_kernel_exists():
         return jax.jit(te_async.grouped_gemm).lower(on_gpu(lhs), on_gpu(rhs), on_gpu(gs)).as_text()
 
     assert "te_async_grouped_gemm_device" in lowered(384)  # decode: small_groups
-    large = kernel_for(64, 4096, 256, 512, "m", False, jnp.bfloat16)
+    large = device_plan(64, 4096, 256, 512, "m", False, jnp.bfloat16).kernel
     expected = "te_async_grouped_gemm_device" if large != "portable" else "te_async_copy_group_sizes"
     assert expected in lowered(4096), large

@@ -6,45 +6,59 @@ unwritten row fails) and TE_ASYNC_VERIFY_HOST_SIZES=1 (every pinned read is chec
 synchronous one).
 """
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import te_async
-from reference import SIZE_KINDS, grouped_gemm_reference, mlp_reference, random_group_sizes, rel_error
+from helpers import FORMS, TOL, cutlass_runs, device_plan, gemm_layer_stack, gemm_operands, mlp_inputs, on_gpu, random_kind
+from reference import grouped_gemm_reference, mlp_reference, random_group_sizes, rel_error
 
 pytestmark = pytest.mark.gpu
 
-# bf16/f16 operands are exact in the float64 reference and cuBLAS accumulates in float32, so the
-# error is the single rounding of the output (2^-8 bf16, 2^-11 f16) plus float32 accumulation.
-TOL = {jnp.float32: 1e-5, jnp.bfloat16: 8e-3, jnp.float16: 1e-3}
+DEBUG_FLAGS = ("TE_ASYNC_POISON_OUTPUTS", "TE_ASYNC_VERIFY_HOST_SIZES")
 
 
-def on_gpu(a):
-    return jax.device_put(a, jax.devices("gpu")[0])
-
-
-def test_poison_and_verify_are_on():
-    import os
-
-    assert os.environ.get("TE_ASYNC_POISON_OUTPUTS") == "1", "run the GPU tests through tools/gpu_check.sh"
-    assert os.environ.get("TE_ASYNC_VERIFY_HOST_SIZES") == "1"
+@pytest.mark.parametrize("mode", te_async.GROUP_SIZES_MODES)
+@pytest.mark.parametrize("ragged,transpose_rhs", FORMS)
+@pytest.mark.parametrize("rows,n", [(40, 60), (1200, 60), (1200, 64)])  # device: small_groups, portable, CUTLASS
+def test_poison_and_verify_are_on(rng, mode, ragged, transpose_rhs, rows, n):
+    """With both flags on (tools/gpu_check.sh sets them), every output starts as NaN, so each call
+    must write every element itself: the rows past the sum and the empty groups as exact zeros,
+    the rest as the float64 reference. A path that left one unwritten would keep its NaN. The
+    flags are read once per process, so a plain GPU run skips this test."""
+    missing = [name for name in DEBUG_FLAGS if os.environ.get(name) != "1"]
+    if missing:
+        pytest.skip(f"{', '.join(missing)} not set: run with TE_ASYNC_POISON_OUTPUTS=1 TE_ASYNC_VERIFY_HOST_SIZES=1, "
+                    "as tools/gpu_check.sh does")
+    if mode == "device":  # N = 60 is no CUTLASS shape; ragged k never runs small_groups
+        if n == 64 and not cutlass_runs():
+            pytest.skip("CUTLASS sm_90a kernels not built or not a Hopper GPU")
+        expected = {(40, 60): "small_groups" if ragged == "m" else "portable", (1200, 60): "portable",
+                    (1200, 64): "cutlass_sm90"}[rows, n]
+        assert device_plan(5, rows, 64, n, ragged, transpose_rhs, jnp.bfloat16).kernel == expected
+    sizes = np.array([rows // 4, 0, rows // 2, 0, rows // 8], np.int32)  # two empty groups, rows left over
+    lhs, rhs = gemm_operands(rng, jnp.bfloat16, 5, rows, 64, n, ragged, transpose_rhs)
+    f = jax.jit(lambda a, b, s: te_async.grouped_gemm(a, b, s, ragged=ragged, transpose_rhs=transpose_rhs, group_sizes_mode=mode))
+    out = np.asarray(f(on_gpu(lhs), on_gpu(rhs), on_gpu(jnp.asarray(sizes))), np.float32)
+    assert not np.any(np.isnan(out)), f"{np.isnan(out).sum()} elements left unwritten"
+    unwritten = out[int(sizes.sum()):] if ragged == "m" else out[sizes == 0]
+    assert unwritten.size and np.all(unwritten == 0)
+    assert rel_error(out, grouped_gemm_reference(lhs, rhs, sizes, ragged, transpose_rhs)) < TOL[jnp.bfloat16]
 
 
 @pytest.mark.parametrize("groups", [1, 8, 64, 128, 256])
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16, jnp.float32])
 @pytest.mark.parametrize("mode", ["sync", "async"])
-@pytest.mark.parametrize("ragged,transpose_rhs", [("m", False), ("m", True), ("k", False)])
+@pytest.mark.parametrize("ragged,transpose_rhs", FORMS)
 def test_forms_match_float64(rng, groups, dtype, mode, ragged, transpose_rhs):
-    kind = SIZE_KINDS[int(rng.integers(len(SIZE_KINDS)))]
+    kind = random_kind(rng)
     rows, k, n = int(rng.integers(1, 3000)), int(rng.integers(1, 300)), int(rng.integers(1, 300))
     sizes = random_group_sizes(rng, groups, rows, kind)
-    lhs = jnp.asarray(rng.standard_normal((rows, k)), dtype)
-    if ragged == "k":
-        rhs = jnp.asarray(rng.standard_normal((rows, n)), dtype)
-    else:
-        rhs = jnp.asarray(rng.standard_normal((groups, n, k) if transpose_rhs else (groups, k, n)), dtype)
+    lhs, rhs = gemm_operands(rng, dtype, groups, rows, k, n, ragged, transpose_rhs)
     f = jax.jit(lambda a, b, s: te_async.grouped_gemm(a, b, s, ragged=ragged, transpose_rhs=transpose_rhs, group_sizes_mode=mode))
     out = f(on_gpu(lhs), on_gpu(rhs), on_gpu(jnp.asarray(sizes)))
     assert rel_error(out, grouped_gemm_reference(lhs, rhs, sizes, ragged, transpose_rhs)) < TOL[dtype], (kind, rows, k, n)
@@ -52,10 +66,8 @@ def test_forms_match_float64(rng, groups, dtype, mode, ragged, transpose_rhs):
 
 def test_26_layer_scan_reads_no_stale_slot(rng):
     """Each layer has its own sizes; a stale pinned slot would route rows to the wrong expert."""
-    layers, groups, rows, d = 26, 16, 333, 64
-    sizes = np.stack([random_group_sizes(rng, groups, rows, SIZE_KINDS[i % len(SIZE_KINDS)]) for i in range(layers)])
-    w = jnp.asarray(rng.standard_normal((layers, groups, d, d)) / np.sqrt(d), jnp.float32)
-    x0 = jnp.asarray(rng.standard_normal((rows, d)), jnp.float32)
+    layers = 26
+    sizes, w, x0 = gemm_layer_stack(rng, layers, groups=16, rows=333, d=64)
 
     def layer(x, inputs):
         w_l, gs = inputs
@@ -75,7 +87,8 @@ def test_26_layer_scan_reads_no_stale_slot(rng):
         ref = grouped_gemm_reference(grouped_gemm_reference(ref, w[i], sizes[i]), w[i], sizes[i], transpose_rhs=True)
     assert rel_error(out, ref) < 1e-4
     delta = {k: after[k] - before[k] for k in after}
-    assert delta == {"copies": layers, "event_waits": 2 * layers, "sync_reads": 0, "fallback_reads": 0}, delta
+    assert delta == {"copies": layers, "event_waits": 2 * layers, "sync_reads": 0, "fallback_reads": 0,
+                     "repaired_reads": 0}, delta
 
 
 def test_sync_mode_reads_once_per_gemm(rng):
@@ -96,14 +109,10 @@ def test_grouped_mlp_bf16(rng, mode, norm, activation):
     the GEMMs accumulate in float32; a few such roundings stay well below 3e-2 in norm. relu's
     gradient is looser (6e-2): where bf16 rounding moves h across 0, relu' flips between 0 and 1
     against the float64 reference (measured 3.3e-2 and 4.7e-2 on an H200, 2026-11-30)."""
-    groups, rows, hidden, ffn = 32, 700, 256, 192
-    sizes = random_group_sizes(rng, groups, rows, SIZE_KINDS[int(rng.integers(len(SIZE_KINDS)))])
-    f1 = 2 * ffn if activation in ("swiglu", "geglu") else ffn
-    x = jnp.asarray(rng.standard_normal((rows, hidden)), jnp.bfloat16)
-    w1 = jnp.asarray(rng.standard_normal((groups, hidden, f1)) / np.sqrt(hidden), jnp.bfloat16)
-    w2 = jnp.asarray(rng.standard_normal((groups, ffn, hidden)) / np.sqrt(ffn), jnp.bfloat16)
-    scale = None if norm is None else jnp.asarray(1 + 0.1 * rng.standard_normal(hidden), jnp.float32)
-    bias = jnp.asarray(0.1 * rng.standard_normal(hidden), jnp.float32) if norm == "layernorm" else None
+    rows, hidden = 700, 256
+    sizes, a = mlp_inputs(rng, groups=32, rows=rows, hidden=hidden, ffn=192, activation=activation, norm=norm,
+                          dtype=jnp.bfloat16, kind=random_kind(rng))
+    x, w1, w2, scale, bias = (a[name] for name in ("x", "w_fc1", "w_fc2", "norm_scale", "norm_bias"))
     cot = jnp.asarray(rng.standard_normal((rows, hidden)), jnp.bfloat16)
     gs = jnp.asarray(sizes)
 

@@ -9,24 +9,11 @@ import numpy as np
 import pytest
 
 import te_async
-from reference import SIZE_KINDS, mlp_reference, random_group_sizes, rel_error
+from helpers import mlp_inputs, mlp_layer_stack, random_kind
+from reference import mlp_reference, rel_error
 
 NORMS = ["rmsnorm", "layernorm", None]
 ACTIVATIONS = ["swiglu", "geglu", "silu", "gelu", "relu"]
-GATED = {"swiglu", "geglu"}
-
-
-def make_inputs(rng, *, groups, rows, hidden, ffn, activation, norm, dtype=jnp.float32, kind="random"):
-    sizes = random_group_sizes(rng, groups, rows, kind)
-    f1 = 2 * ffn if activation in GATED else ffn
-    arrays = dict(
-        x=jnp.asarray(rng.standard_normal((rows, hidden)), dtype),
-        w_fc1=jnp.asarray(rng.standard_normal((groups, hidden, f1)) / np.sqrt(hidden), dtype),
-        w_fc2=jnp.asarray(rng.standard_normal((groups, ffn, hidden)) / np.sqrt(ffn), dtype),
-        norm_scale=None if norm is None else jnp.asarray(1 + 0.1 * rng.standard_normal(hidden), jnp.float32),
-        norm_bias=jnp.asarray(0.1 * rng.standard_normal(hidden), jnp.float32) if norm == "layernorm" else None,
-    )
-    return sizes, arrays
 
 
 def loss_and_grads(fn, arrays, cotangent):
@@ -43,9 +30,9 @@ def loss_and_grads(fn, arrays, cotangent):
 
 @pytest.mark.parametrize("norm,activation", list(itertools.product(NORMS, ACTIVATIONS)))
 def test_forward_and_grads_match_float64(rng, norm, activation):
-    kind = SIZE_KINDS[int(rng.integers(len(SIZE_KINDS)))]
+    kind = random_kind(rng)
     cfg = dict(groups=int(rng.integers(1, 7)), rows=int(rng.integers(5, 60)), hidden=int(rng.integers(4, 24)), ffn=int(rng.integers(3, 20)))
-    sizes, arrays = make_inputs(rng, activation=activation, norm=norm, kind=kind, **cfg)
+    sizes, arrays = mlp_inputs(rng, activation=activation, norm=norm, kind=kind, **cfg)
     gs = jnp.asarray(sizes)
     ours = lambda **kw: te_async.grouped_mlp(group_sizes=gs, norm=norm, activation=activation, **kw)
     ref = lambda **kw: mlp_reference(group_sizes_to_ref(kw), sizes, norm=norm, activation=activation, **kw)
@@ -68,18 +55,15 @@ def group_sizes_to_ref(kw):
 # Smooth activations only: finite differences across relu's kink are not a gradient check.
 @pytest.mark.parametrize("norm,activation", [("rmsnorm", "swiglu"), ("layernorm", "gelu"), (None, "silu")])
 def test_check_grads(rng, norm, activation):
-    sizes, a = make_inputs(rng, groups=3, rows=9, hidden=5, ffn=4, activation=activation, norm=norm, kind="zeros")
+    sizes, a = mlp_inputs(rng, groups=3, rows=9, hidden=5, ffn=4, activation=activation, norm=norm, kind="zeros")
     gs = jnp.asarray(sizes)
     f = lambda x, w1, w2: te_async.grouped_mlp(x, gs, w1, w2, norm_scale=a["norm_scale"], norm_bias=a["norm_bias"], norm=norm, activation=activation)
     check_grads(f, (a["x"], a["w_fc1"], a["w_fc2"]), order=1, modes=["rev"], atol=2e-2, rtol=2e-2, eps=1e-2)
 
 
 def test_scan_over_layers_forward_and_backward(rng):
-    layers, groups, rows, hidden, ffn = 5, 4, 23, 8, 6
-    sizes = np.stack([random_group_sizes(rng, groups, rows, SIZE_KINDS[i % len(SIZE_KINDS)]) for i in range(layers)])
-    w1 = jnp.asarray(rng.standard_normal((layers, groups, hidden, 2 * ffn)) / np.sqrt(hidden), jnp.float32)
-    w2 = jnp.asarray(rng.standard_normal((layers, groups, ffn, hidden)) / np.sqrt(ffn), jnp.float32)
-    x0 = jnp.asarray(rng.standard_normal((rows, hidden)), jnp.float32)
+    layers = 5
+    sizes, w1, w2, x0 = mlp_layer_stack(rng, layers, groups=4, rows=23, hidden=8, ffn=6)
 
     def run(mlp, x, w1, w2):
         def layer(x, p):
@@ -105,7 +89,7 @@ def test_scan_over_layers_forward_and_backward(rng):
 
 
 def test_remat_gives_the_same_gradients(rng):
-    sizes, a = make_inputs(rng, groups=4, rows=30, hidden=8, ffn=6, activation="swiglu", norm="rmsnorm", kind="skewed")
+    sizes, a = mlp_inputs(rng, groups=4, rows=30, hidden=8, ffn=6, activation="swiglu", norm="rmsnorm", kind="skewed")
     gs = jnp.asarray(sizes)
     f = lambda x, w1, w2: jnp.sum(te_async.grouped_mlp(x, gs, w1, w2, norm_scale=a["norm_scale"]) ** 2)
     args = (a["x"], a["w_fc1"], a["w_fc2"])
@@ -116,13 +100,36 @@ def test_remat_gives_the_same_gradients(rng):
 
 
 def test_group_sizes_get_no_gradient(rng):
-    sizes, a = make_inputs(rng, groups=3, rows=10, hidden=4, ffn=4, activation="relu", norm=None)
-    g = jax.grad(lambda x: jnp.sum(te_async.grouped_mlp(x, jnp.asarray(sizes), a["w_fc1"], a["w_fc2"], norm=None, activation="relu")))(a["x"])
-    assert g.shape == a["x"].shape
+    """group_sizes is int32: its cotangent is float0 (no values), and the sizes enter the other
+    gradients only as which rows belong to which expert. One jitted gradient, with the sizes a
+    traced argument, must give each size vector the float64 reference's gradients for it (a
+    gradient that kept the first call's routing, or leaked a term through the sizes, fails).
+    Note: JAX itself replaces whatever a custom_vjp bwd returns for an integer input with a float0
+    zero, so the dtype asserts state the contract; the comparisons are what can fail here."""
+    _, a = mlp_inputs(rng, groups=3, rows=10, hidden=4, ffn=4, activation="swiglu", norm="rmsnorm")
+    cot = jnp.asarray(rng.standard_normal((10, 4)), jnp.float32)
+    ours = lambda x, gs, w1, w2: te_async.grouped_mlp(x, gs, w1, w2, norm_scale=a["norm_scale"])
+    loss = lambda x, gs, w1, w2: jnp.sum(ours(x, gs, w1, w2) * cot)
+    grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3), allow_int=True))
+    args = a["x"], a["w_fc1"], a["w_fc2"]
+    refs = []
+    for sizes in (np.array([3, 5, 2], np.int32), np.array([4, 1, 3], np.int32)):  # the second moves rows, drops 2
+        gs = jnp.asarray(sizes)
+        g_x, g_gs, g_w1, g_w2 = grad(args[0], gs, *args[1:])
+        assert g_gs.dtype == jax.dtypes.float0 and g_gs.shape == sizes.shape
+        _, pull = jax.vjp(ours, args[0], gs, *args[1:])
+        assert pull(cot)[1].dtype == jax.dtypes.float0
+        ref = lambda x, w1, w2: jnp.sum(mlp_reference(x, sizes, w1, w2, a["norm_scale"]) * cot)
+        refs.append(jax.grad(ref, argnums=(0, 1, 2))(*args))
+        for g, g_ref in zip((g_x, g_w1, g_w2), refs[-1]):
+            assert rel_error(g, g_ref) < 1e-4
+    # the two size vectors really route rows differently, so the comparisons above tell them apart
+    for g1, g2 in zip(*refs):
+        assert rel_error(g2, g1) > 0.1
 
 
 def test_async_mode_issues_one_copy_forward_and_one_backward(rng):
-    sizes, a = make_inputs(rng, groups=3, rows=12, hidden=4, ffn=4, activation="swiglu", norm="rmsnorm")
+    sizes, a = mlp_inputs(rng, groups=3, rows=12, hidden=4, ffn=4, activation="swiglu", norm="rmsnorm")
     gs = jnp.asarray(sizes)
     f = lambda x, w1, w2: jnp.sum(te_async.grouped_mlp(x, gs, w1, w2, group_sizes_mode="async") ** 2)  # the backward needs y
     fwd = jax.jit(f).lower(a["x"], a["w_fc1"], a["w_fc2"]).as_text()
@@ -137,7 +144,7 @@ def test_async_mode_issues_one_copy_forward_and_one_backward(rng):
 
 
 def test_device_mode_is_the_default_and_copies_nothing(rng, caplog):
-    sizes, a = make_inputs(rng, groups=3, rows=12, hidden=4, ffn=4, activation="swiglu", norm="rmsnorm")
+    sizes, a = mlp_inputs(rng, groups=3, rows=12, hidden=4, ffn=4, activation="swiglu", norm="rmsnorm")
     gs = jnp.asarray(sizes)
     f = lambda x, w1, w2: jnp.sum(te_async.grouped_mlp(x, gs, w1, w2) ** 2)
     with caplog.at_level("DEBUG", logger="te_async"):

@@ -13,18 +13,11 @@ import pytest
 
 import te_async
 
+from helpers import moe_params
 from reference import mlp_reference, rel_error
 from te_async.moe import moe_block, route_top_k
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-
-
-def moe_params(rng, experts, hidden, ffn):
-    return dict(
-        router=jnp.asarray(rng.standard_normal((hidden, experts)) / np.sqrt(hidden), jnp.float32),
-        w_fc1=jnp.asarray(rng.standard_normal((experts, hidden, 2 * ffn)) / np.sqrt(hidden), jnp.float32),
-        w_fc2=jnp.asarray(rng.standard_normal((experts, ffn, hidden)) / np.sqrt(ffn), jnp.float32),
-    )
 
 
 @pytest.mark.parametrize("mode", te_async.GROUP_SIZES_MODES)

@@ -13,16 +13,18 @@ from jax.sharding import PartitionSpec as P
 import te_async
 from te_async import _ffi
 from te_async.sharding import require_replicated
+from helpers import on_cpu  # unsharded results must come from the CPU mesh's handler, not cuBLAS
 
 G, M, K, N = 8, 16, 4, 3
 ARGS = ("lhs", "rhs", "group_sizes")
 
 
 def raw_gemm(lhs, rhs, group_sizes):
-    """gemm.py's host-sized FFI call, sync mode, without any sharding guard."""
+    """gemm.py's host-sized FFI call, sync mode, without any sharding guard (its second result is
+    the int32[1] scratch of the GPU's check of pinned sizes)."""
     out = jax.ShapeDtypeStruct((lhs.shape[0], rhs.shape[2]), lhs.dtype)
-    call = jax.ffi.ffi_call(_ffi.GROUPED_GEMM, out, vmap_method="sequential")
-    return call(lhs, rhs, group_sizes, ragged_k=False, transpose_rhs=False, async_host_sizes=False)
+    call = jax.ffi.ffi_call(_ffi.GROUPED_GEMM, (out, jax.ShapeDtypeStruct((1,), jnp.int32)), vmap_method="sequential")
+    return call(lhs, rhs, group_sizes, ragged_k=False, transpose_rhs=False, async_host_sizes=False)[0]
 
 
 guarded_gemm = require_replicated(raw_gemm, "te_async.grouped_gemm", ARGS)
@@ -32,12 +34,6 @@ def operands(rng):
     sizes = np.full(G, M // G, np.int32)
     lhs = jnp.asarray(rng.standard_normal((M, K)), jnp.float32)
     return lhs, jnp.asarray(rng.standard_normal((G, K, N)), jnp.float32), jnp.asarray(sizes)
-
-
-def on_cpu(*arrays):
-    """On the first CPU device: unsharded results to compare with the CPU mesh's must come from the
-    same CPU handler (on a GPU machine the default device would run cuBLAS)."""
-    return jax.device_put(arrays, jax.devices("cpu")[0])
 
 
 def mesh(axis_type=AxisType.Auto):

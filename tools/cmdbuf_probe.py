@@ -13,7 +13,6 @@ host, device mode should not. XLA forms command buffers on the thunk sequence
 import argparse
 import collections
 import json
-import os
 import pathlib
 import tempfile
 
@@ -21,9 +20,9 @@ import jax
 import jax.numpy as jnp
 
 import te_async
-from te_async.bench import trace
+from te_async.bench import presets, timing, trace
 
-LAYERS, ROWS, GROUPS, HIDDEN, FFN = 4, 24, 64, 2048, 1408
+LAYERS, TOKENS = 4, 4  # a short decode step
 
 
 def step_fn(mode):
@@ -58,13 +57,16 @@ def graph_report(log_dir) -> dict:
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", type=pathlib.Path, default=pathlib.Path(tempfile.mkdtemp()))
+    presets.add_argument(p)
     args = p.parse_args()
+    m = presets.resolve(args.preset)[1]
+    rows = TOKENS * m.top_k
     key = jax.random.key(0)
-    x = jax.random.normal(key, (ROWS, HIDDEN), jnp.bfloat16)
-    w1 = jax.random.normal(key, (LAYERS, GROUPS, HIDDEN, 2 * FFN), jnp.bfloat16) * 0.02
-    w2 = jax.random.normal(key, (LAYERS, GROUPS, FFN, HIDDEN), jnp.bfloat16) * 0.02
-    gs = jnp.zeros(GROUPS, jnp.int32).at[: ROWS // 2].set(2)
-    report = {"XLA_FLAGS": os.environ.get("XLA_FLAGS", ""), "jax": jax.__version__}
+    x = jax.random.normal(key, (rows, m.hidden), jnp.bfloat16)
+    w1 = jax.random.normal(key, (LAYERS, m.experts, m.hidden, 2 * m.ffn), jnp.bfloat16) * 0.02
+    w2 = jax.random.normal(key, (LAYERS, m.experts, m.ffn, m.hidden), jnp.bfloat16) * 0.02
+    gs = jnp.zeros(m.experts, jnp.int32).at[: rows // 2].set(2)  # 2 rows for each of rows / 2 experts
+    report = {"environment": timing.environment()}
     for mode in te_async.GROUP_SIZES_MODES:
         f = step_fn(mode)
         for _ in range(3):  # compile, then let XLA record its command buffers

@@ -12,8 +12,11 @@ import sys
 
 import numpy as np
 
-CASES = [  # (groups, rows per group, K, N)
-    (8, 384, 2048, 2816),
+from te_async.bench import presets
+
+MODEL = presets.PRESETS[presets.GPU_DEFAULT]
+CASES = [  # (groups, rows per group, K, N): 8 of the model's fc1 GEMMs at a prefill's rows per expert, and a small one
+    (8, 384, MODEL.hidden, 2 * MODEL.ffn),
     (4, 256, 256, 256),
 ]
 
@@ -22,7 +25,7 @@ def check(form: str) -> list:
     import jax.numpy as jnp
 
     import te_async
-    from te_async import _ffi
+    from te_async import plan
 
     report = []
     rng = np.random.default_rng(0)
@@ -33,7 +36,7 @@ def check(form: str) -> list:
         shape = {"k": (rows, n), "mt": (groups, n, k), "m": (groups, k, n)}[form]
         rhs = jnp.asarray(rng.standard_normal(shape), jnp.bfloat16)
         ragged = "k" if form == "k" else "m"
-        kernel = _ffi.device_plan(groups, rows, k, n, form == "k", form == "mt", "bfloat16", "bfloat16")[0]
+        kernel = plan.plan_device_gemm(plan.GemmShape(groups, rows, k, n, ragged_k=form == "k", transpose_rhs=form == "mt")).label
         out = np.asarray(te_async.grouped_gemm(lhs, rhs, jnp.asarray(sizes), ragged=ragged, transpose_rhs=form == "mt",
                                                group_sizes_mode="device"), np.float64)
         a, b = np.asarray(lhs, np.float64), np.asarray(rhs, np.float64)
@@ -66,9 +69,11 @@ def main():
     if len(sys.argv) > 1:  # child: one form under the inherited TE_ASYNC_CUTLASS_CONFIG
         print(json.dumps(check(sys.argv[1])))
         return
-    from te_async import _ffi
+    from te_async import plan
+    from te_async.bench import timing
 
-    runs = [(form, None) for form in ("m", "mt", "k")] + [("m", c) for c in _ffi.cutlass_configs("m")]
+    print(json.dumps({"environment": timing.environment()}), flush=True)
+    runs = [(form, None) for form in plan.FORMS] + [("m", c) for c in plan.cutlass_configs("m")]
     for form, config in runs:
         env = dict(os.environ)
         if config:

@@ -2,15 +2,17 @@
 # Builds te_async on the GPU machine (no registry access: the image's jax, nanobind and
 # scikit-build-core build it), runs the GPU tests and the benchmarks, and writes logs and
 # results under $OUT. Usage: tools/gpu_check.sh [stage ...], stages: build test sanitize example
-# layer prefill decode-gemm decode cmdbuf profile ncu ncu-source stall ep (default: build test example layer
-# prefill). Python runs
-# with -P so that the installed package, not the source folder, is imported. The CUTLASS kernels
-# are built when an nvidia-cutlass wheel is carried in .whl/ (the machine has no registry access;
-# `pip download --no-deps nvidia-cutlass==4.2.0.0 -d .whl`), unless WITH_CUTLASS=0.
+# layer prefill train decode-gemm decode cmdbuf profile ncu ncu-source stall ep (default: build test
+# example layer prefill train). Python runs with -P so that the installed package, not the source
+# folder, is imported. The CUTLASS kernels are built when an nvidia-cutlass wheel is carried in
+# .whl/ (the machine has no registry access; `pip download --no-deps nvidia-cutlass==4.2.0.0 -d
+# .whl`), unless WITH_CUTLASS=0. Results record the git commit of the current folder; where the
+# copy has no .git, set TE_ASYNC_COMMIT=<commit> for them. The machine returns at most 8 files,
+# so the last step packs the logs and results into $OUT/results.tgz, beside summary.log.
 set -uo pipefail
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
-stages=${*:-build test example layer prefill}
+stages=${*:-build test example layer prefill train}
 export PYTHONUNBUFFERED=1
 status=0
 
@@ -40,10 +42,10 @@ for stage in $stages; do
         # machine has no registry access); WITH_CUTLASS=0 builds without them.
         # The option is passed both ways: the build folder (build/<wheel tag>) keeps its CMake cache
         # between builds, so an OFF from an earlier build would otherwise stay.
-        cmake_defs=(--config-settings=cmake.define.TE_ASYNC_WITH_CUTLASS=ON)
+        cmake_defs=(--config-settings=cmake.define.TE_ASYNC_WITH_CUDA=ON --config-settings=cmake.define.TE_ASYNC_WITH_CUTLASS=ON)
         wheel=$(ls .whl/nvidia_cutlass-*.whl 2>/dev/null | head -n 1)
         if [ "${WITH_CUTLASS:-1}" = 0 ]; then
-          cmake_defs=(--config-settings=cmake.define.TE_ASYNC_WITH_CUTLASS=OFF)
+          cmake_defs=(--config-settings=cmake.define.TE_ASYNC_WITH_CUDA=ON --config-settings=cmake.define.TE_ASYNC_WITH_CUTLASS=OFF)
         elif [ -n "$wheel" ]; then
           python3 -c "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall('/tmp/cutlass')" "$wheel"
           export CUTLASS_INCLUDE_DIR=/tmp/cutlass/cutlass_library/source/include
@@ -60,8 +62,11 @@ for stage in $stages; do
       (cd / && python3 -c "import te_async; print('installed', te_async.__file__, 'cutlass', te_async._ffi._te_async_cuda.CUTLASS_BUILT)") | tee -a "$OUT/summary.log" ;;
     test)
       # Outputs start as NaN and every pinned read is cross-checked: see tests/test_gpu_host_sized.py.
-      run test env TE_ASYNC_POISON_OUTPUTS=1 TE_ASYNC_VERIFY_HOST_SIZES=1 \
-        python3 -P -m pytest -v --tb=short -rs -p no:cacheprovider --rootdir=. ${PYTEST_ARGS:-tests/}
+      # 8 test processes share the GPU where pytest-xdist is installed, so none preallocates its memory.
+      xdist=()
+      if python3 -c "import xdist" 2>/dev/null; then xdist=(-n 8); fi
+      run test env TE_ASYNC_POISON_OUTPUTS=1 TE_ASYNC_VERIFY_HOST_SIZES=1 XLA_PYTHON_CLIENT_PREALLOCATE=false \
+        python3 -P -m pytest -v --tb=short -rs -p no:cacheprovider --rootdir=. "${xdist[@]}" ${PYTEST_ARGS:-tests/}
       grep -E "FAILED|ERROR|passed|failed" "$OUT/test.log" | tail -n 40 ;;
     sanitize)
       # memcheck on the device-mode kernels; one cudaMalloc per buffer, so an overrun leaves it.
@@ -72,6 +77,7 @@ for stage in $stages; do
     example) run example python3 examples/moe_decode.py --steps 20; tail -n 5 "$OUT/example.log" ;;
     layer) run layer python3 -P -m te_async.bench layer --out "$OUT"; cat "$OUT/layer.md" ;;
     prefill) run prefill python3 -P -m te_async.bench prefill --out "$OUT" ${PREFILL_ARGS:-}; cat "$OUT/prefill.md" ;;
+    train) run train python3 -P -m te_async.bench train --out "$OUT" ${TRAIN_ARGS:-}; cat "$OUT/train.md" ;;
     decode-gemm) run decode_gemm python3 -P -m te_async.bench decode-gemm --out "$OUT" ${DECODE_GEMM_ARGS:-}; cat "$OUT/decode_gemm.md" ;;
     decode) run decode python3 -P -m te_async.bench decode --out "$OUT" ${DECODE_ARGS:-}; cat "$OUT/decode.md" ;;
     cmdbuf) run cmdbuf python3 -P tools/cmdbuf_probe.py --out "$OUT"; tail -n 40 "$OUT/cmdbuf.log" ;;
@@ -98,4 +104,8 @@ for stage in $stages; do
     *) echo "unknown stage $stage"; status=1 ;;
   esac
 done
+# One archive of the logs and results (the machine returns at most 8 files); summary.log stays beside it.
+(cd "$OUT" && find . -type f \( -name "*.log" -o -name "*.json" -o -name "*.md" -o -name "*.png" -o -name "*.txt" -o -name "*.csv" \) \
+  ! -name summary.log -print0 | tar --null -czf results.tgz --remove-files -T -)
+echo "packed $(tar -tzf "$OUT/results.tgz" | wc -l) files into $OUT/results.tgz" | tee -a "$OUT/summary.log"
 exit $status

@@ -7,6 +7,7 @@ time of each kernel and the idle time between kernels are separated. Run it unde
 """
 import argparse
 import collections
+import json
 import re
 import statistics
 import tempfile
@@ -16,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from te_async import grouped_gemm
-from te_async.bench import decode_gemm, prefill, trace
+from te_async.bench import decode_gemm, prefill, presets, timing, trace
 
 
 def _short(name: str) -> str:
@@ -36,20 +37,20 @@ def _label(e) -> str:
     return _short(e["name"]) + (f" grid {grid.group(1)}" if grid else "") + (f" node ..{node[-4:]}" if node else "")
 
 
-def _decode_inputs(tokens: int, layers: int, dtype, mode: str, unroll: bool):
+def _decode_inputs(model, tokens: int, layers: int, dtype, mode: str, unroll: bool):
     key = jax.random.key(0)
-    w = decode_gemm.weights(key, layers, dtype)
-    sets = decode_gemm.input_sets(key, np.random.default_rng(tokens), w, tokens, dtype)
+    w = decode_gemm.weights(model, key, layers, dtype)
+    sets = decode_gemm.input_sets(model, key, np.random.default_rng(tokens), w, tokens, dtype)
     return decode_gemm.layer_stack(mode, decode_gemm.mean_active_experts(sets[:1]), unroll), sets[0]
 
 
-def _prefill_inputs(gemm: str, dtype):
-    ragged, k, n = prefill.GEMMS[gemm]
+def _prefill_inputs(preset: str, model, gemm: str, dtype):
+    ragged, k, n = prefill.gemms(model)[gemm]
     key = jax.random.key(0)
-    rows = prefill.SEQLEN * prefill.TOP_K
-    gs = jnp.full((prefill.EXPERTS,), rows // prefill.EXPERTS, jnp.int32)
+    gs = jnp.asarray(prefill.splits(model, presets.prefill_tokens(preset))["even"], jnp.int32)
+    rows = int(gs.sum())
     lhs = jax.random.normal(key, (rows, k), dtype)
-    rhs = prefill.make_rhs(ragged, k, n, rows, key, dtype)
+    rhs = prefill.make_rhs(ragged, k, n, rows, key, dtype, model.experts)
     return jax.jit(lambda a, b, g: grouped_gemm(a, b, g, ragged=ragged, group_sizes_mode="device")), (lhs, rhs, gs)
 
 
@@ -85,6 +86,7 @@ def report(label: str, fn, inputs, calls: int, use_trace: bool) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
+    presets.add_argument(p)
     p.add_argument("--batches", type=int, nargs="*", default=[1, 2])
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--calls", type=int, default=5)
@@ -93,14 +95,16 @@ def main() -> None:
     p.add_argument("--mode", default="device", choices=decode_gemm.MODES, help="decode-gemm's mode of the decode layers")
     p.add_argument("--unroll", action="store_true", help="decode layers unrolled, not scanned (decode-gemm --unroll)")
     args = p.parse_args()
+    preset, model = presets.resolve(args.preset)
+    print(json.dumps({"environment": timing.environment(), "preset": preset}))
     dtype = jnp.bfloat16
     for tokens in args.batches:
-        fn, inputs = _decode_inputs(tokens, args.layers, dtype, args.mode, args.unroll)
+        fn, inputs = _decode_inputs(model, tokens, args.layers, dtype, args.mode, args.unroll)
         structure = "unrolled" if args.unroll else "scan"
         report(f"decode T={tokens}, {args.layers} layers of fc1 + fc2 per call ({args.mode}, {structure})", fn, inputs, args.calls,
                not args.no_trace)
     for gemm in args.prefill:
-        fn, inputs = _prefill_inputs(gemm, dtype)
+        fn, inputs = _prefill_inputs(preset, model, gemm, dtype)
         report(f"prefill {gemm} even", fn, inputs, args.calls, not args.no_trace)
 
 

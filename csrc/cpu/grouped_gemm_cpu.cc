@@ -2,10 +2,10 @@
 // in double and rounds once, so it doubles as a reference for the CUDA paths in CI.
 #include <cstdint>
 #include <cstring>
+#include <string_view>
 #include <vector>
 
 #include "cpu/handlers.h"
-#include "debug_flags.h"
 #include "grouped_gemm_args.h"
 
 namespace te_async {
@@ -106,36 +106,37 @@ ffi::Error Run(const GroupedGemmShape& s, const std::vector<int64_t>& off, const
   return ffi::Error::Success();
 }
 
-// Host-sized modes: the sizes are checked and a bad one is an error.
-ffi::Error GroupedGemmCpu(ffi::AnyBuffer lhs, ffi::AnyBuffer rhs, ffi::AnyBuffer group_sizes,
-                          ffi::Result<ffi::AnyBuffer> out, bool ragged_k, bool transpose_rhs,
-                          bool /*async_host_sizes: on the CPU the sizes are always on the host*/) {
-  auto shape = CheckGroupedGemm(lhs, rhs, group_sizes, *out, ragged_k, transpose_rhs);
+// Every mode checks the sizes on the CPU, where nothing stops an error from being raised: a bad
+// size is an error with sync mode's message in device mode too (the GPU's device mode, inside a
+// CUDA graph, clamps and counts instead). `Sized` is the shared body of both handlers.
+ffi::Error Sized(const ffi::AnyBuffer& lhs, const ffi::AnyBuffer& rhs, const ffi::AnyBuffer& group_sizes,
+                 ffi::AnyBuffer out, bool ragged_k, bool transpose_rhs) {
+  auto shape = CheckGroupedGemm(lhs, rhs, group_sizes, out, ragged_k, transpose_rhs);
   if (shape.has_error()) return shape.error();
   const auto* sizes = static_cast<const int32_t*>(group_sizes.untyped_data());
   if (ffi::Error e = CheckGroupSizeValues(sizes, shape->groups, shape->rows); e.failure()) return e;
-  return Run(*shape, GroupOffsets(sizes, shape->groups), lhs, rhs, *out);
+  return Run(*shape, GroupOffsets(sizes, shape->groups), lhs, rhs, out);
 }
 
-// Device mode: the sizes are clamped as the GPU kernels clamp them (TE_ASYNC_CHECK_DEVICE_SIZES=1
-// checks them instead). The CPU needs no workspace; the result is there to match the signature.
+// Host-sized modes. The repair flag is the CUDA handler's (a stale pinned read is redone there);
+// the CPU's sizes are always the ones given.
+ffi::Error GroupedGemmCpu(ffi::AnyBuffer lhs, ffi::AnyBuffer rhs, ffi::AnyBuffer group_sizes,
+                          ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> /*repair flag*/,
+                          bool ragged_k, bool transpose_rhs, bool /*async_host_sizes*/) {
+  return Sized(lhs, rhs, group_sizes, *out, ragged_k, transpose_rhs);
+}
+
+// Device mode. The plan (kernel, CUTLASS config, workspace) is the GPU's; the CPU has one kernel.
 ffi::Error GroupedGemmDeviceCpu(ffi::AnyBuffer lhs, ffi::AnyBuffer rhs, ffi::AnyBuffer group_sizes,
                                 ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> /*workspace*/,
-                                bool ragged_k, bool transpose_rhs) {
-  auto shape = CheckGroupedGemm(lhs, rhs, group_sizes, *out, ragged_k, transpose_rhs);
-  if (shape.has_error()) return shape.error();
-  const auto* sizes = static_cast<const int32_t*>(group_sizes.untyped_data());
-  if (CheckDeviceSizes()) {
-    if (ffi::Error e = CheckGroupSizeValues(sizes, shape->groups, shape->rows); e.failure()) return e;
-  }
-  return Run(*shape, ClampedGroupOffsets(sizes, shape->groups, shape->rows), lhs, rhs, *out);
+                                bool ragged_k, bool transpose_rhs, std::string_view /*kernel*/,
+                                std::string_view /*cutlass_config*/) {
+  return Sized(lhs, rhs, group_sizes, *out, ragged_k, transpose_rhs);
 }
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kGroupedGemmCpu, GroupedGemmCpu,
-                              BindGemmForm(BindGroupedGemm(ffi::Ffi::Bind())).Attr<bool>("async_host_sizes"));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kGroupedGemmDeviceCpu, GroupedGemmDeviceCpu,
-                              BindGemmForm(BindGroupedGemm(ffi::Ffi::Bind()).Ret<ffi::AnyBuffer>()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kGroupedGemmCpu, GroupedGemmCpu, BindHostSizedGemm(ffi::Ffi::Bind()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kGroupedGemmDeviceCpu, GroupedGemmDeviceCpu, BindDeviceGemm(ffi::Ffi::Bind()));
 
 }  // namespace te_async

@@ -1,6 +1,9 @@
-// The CPU extension: a registrations() dict of FFI handler capsules, as jax's examples/ffi does.
+// The CPU extension: a registrations() dict of FFI handler capsules, as jax's examples/ffi does,
+// and the device-mode kernel rule for any target (tests and docs ask it without a GPU).
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
+
+#include <string>
 
 #include "ffi_capsule.h"
 #include "cpu/handlers.h"
@@ -18,8 +21,18 @@ NB_MODULE(_te_async_cpu, m) {
     return d;
   });
   m.attr("MAX_GROUPS") = te_async::kMaxGroups;
-  // The device-mode kernel rule, for tests and for saying which kernel a GPU call will run.
-  m.def("device_kernel_choice", &te_async::DeviceKernelChoice, nb::arg("groups"), nb::arg("rows"), nb::arg("k"),
-        nb::arg("n"), nb::arg("ragged_k"), nb::arg("transpose_rhs"), nb::arg("in_dtype"), nb::arg("out_dtype"),
-        nb::arg("compute_capability"), nb::arg("cutlass_built"));
+  m.attr("SMALL_GROUPS_MAX_ROWS") = te_async::kSmallGroupsMaxRows;
+  m.def(
+      "kernel_rule",
+      [](int64_t groups, int64_t rows, int64_t k, int64_t n, bool ragged_k, bool transpose_rhs,
+         const std::string& in_dtype, const std::string& out_dtype, int compute_capability, bool cutlass_built,
+         int64_t small_groups_max_rows) {
+        const te_async::GroupedGemmShape s =
+            te_async::ShapeFromStatic(groups, rows, k, n, ragged_k, transpose_rhs, in_dtype, out_dtype);
+        return std::string(te_async::DeviceKernelName(
+            te_async::ChooseDeviceKernel(s, compute_capability, cutlass_built, small_groups_max_rows)));
+      },
+      nb::arg("groups"), nb::arg("rows"), nb::arg("k"), nb::arg("n"), nb::arg("ragged_k"), nb::arg("transpose_rhs"),
+      nb::arg("in_dtype"), nb::arg("out_dtype"), nb::arg("compute_capability"), nb::arg("cutlass_built"),
+      nb::arg("small_groups_max_rows"));
 }

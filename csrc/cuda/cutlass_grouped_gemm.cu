@@ -31,9 +31,9 @@
 //  * Workspace: get_workspace_size is the epilogue's (sm_count x 2 D descriptors, no C) plus the
 //    mainloop's (sm_count x 2 A/B descriptors) TMA descriptor copies, each rounded to 64 bytes;
 //    it only reads hw_info.sm_count (queries the device only when sm_count <= 0, never here).
-#include <cstdlib>
-#include <cstring>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <type_traits>
 
 #include "cuda/cuda_check.h"
@@ -86,7 +86,8 @@ double ClusterPad(int64_t tiles) { return tiles % 2 == 0 ? 0.0 : 1.0 / static_ca
 //  * shorter: ping-pong 128x128x64, cluster 1x2 when ceil(N/128) is even, 2x1 when only
 //    ceil(K/128) is, else the smaller padding.
 // TE_ASYNC_CUTLASS_CONFIG=<config name> overrides the choice when the form runs that config (for
-// benchmarks and tests; the workspace covers every config of the form).
+// benchmarks and tests; the workspace covers every config of the form); te_async/plan.py reads it
+// when a call is traced and passes it to CutlassSm90Config.
 Tile HeuristicTile(const GroupedGemmShape& s) {
   constexpr int64_t kLongReduction = 1024;
   const int64_t groups = s.groups > 0 ? s.groups : 1;
@@ -100,26 +101,6 @@ Tile HeuristicTile(const GroupedGemmShape& s) {
   const double pad_n = ClusterPad(CeilDiv(s.n, 128));
   const double pad_m = ClusterPad(CeilDiv(s.k, 128));
   return pad_m < pad_n ? Tile::kPing128x128C2x1 : Tile::kPing128x128C1x2;
-}
-
-// TE_ASYNC_CUTLASS_CONFIG, read at each call so that a tuning sweep or a test can switch configs
-// in one process (a new jit each time: a captured command buffer keeps the kernel it recorded).
-// A config of another form leaves this form on its heuristic, so that tuning one form does not
-// break the others; a name that is no config at all is rejected by CheckCutlassConfigOverride.
-const char* ConfigOverride() {
-  const char* name = std::getenv("TE_ASYNC_CUTLASS_CONFIG");
-  return name != nullptr && *name != '\0' ? name : nullptr;
-}
-
-Tile ChooseTile(const GroupedGemmShape& s) {
-  const Form f = FormOf(s);
-  if (const char* name = ConfigOverride()) {
-    for (int i = 0; i < cutlass_sm90::kNumTiles; ++i) {
-      const Tile t = static_cast<Tile>(i);
-      if (cutlass_sm90::FormHasTile(f, t) && std::strcmp(name, cutlass_sm90::TileName(t)) == 0) return t;
-    }
-  }
-  return HeuristicTile(s);
 }
 
 // Calls fn(std::integral_constant<Tile, t>{}) for the runtime tile t, over every enumerator.
@@ -200,70 +181,48 @@ std::string ShapeText(const GroupedGemmShape& s) {
 }  // namespace
 
 bool CutlassSm90Supports(const GroupedGemmShape& s) {
-  return CutlassShapeEligible(s) && !(s.ragged_k && s.transpose_rhs) && s.groups >= 0 && s.groups <= kMaxGroups &&
-         s.rows >= 0 && s.k >= 0 && s.n >= 0;
+  return CutlassShapeEligible(s) && !(s.ragged_k && s.transpose_rhs);
 }
 
-ffi::Error CheckCutlassConfigOverride() {
-  const char* name = ConfigOverride();
-  if (name == nullptr) return ffi::Error::Success();
-  std::string known;
-  for (int i = 0; i < cutlass_sm90::kNumTiles; ++i) {
-    const char* config = cutlass_sm90::TileName(static_cast<Tile>(i));
-    if (std::strcmp(name, config) == 0) return ffi::Error::Success();
-    known += (i > 0 ? ", " : "") + std::string(config);
+ffi::ErrorOr<std::string> CutlassSm90Config(const GroupedGemmShape& s, std::string_view override_name) {
+  if (override_name.empty()) return std::string(cutlass_sm90::TileName(HeuristicTile(s)));
+  const std::optional<Tile> tile = cutlass_sm90::TileFromName(override_name);
+  if (!tile) {
+    return ffi::Unexpected(ffi::Error::InvalidArgument("te_async: " + std::string(override_name) +
+                                                       " is not a CUTLASS config"));
   }
-  return ffi::Error::InvalidArgument(std::string("te_async: TE_ASYNC_CUTLASS_CONFIG=") + name +
-                                     " is not a CUTLASS config; the configs are " + known);
-}
-
-const char* CutlassSm90ConfigName(const GroupedGemmShape& s) {
-  if (!CutlassSm90Supports(s)) return "unsupported";
-  return cutlass_sm90::TileName(ChooseTile(s));
+  // A config of another form leaves this form on its heuristic, so that tuning one form does not
+  // break the others.
+  return std::string(cutlass_sm90::TileName(cutlass_sm90::FormHasTile(FormOf(s), *tile) ? *tile : HeuristicTile(s)));
 }
 
 size_t CutlassSm90WorkspaceBytes(const GroupedGemmShape& s, int sm_count) {
-  if (!CutlassSm90Supports(s)) return 0;
-  // sm_count <= 0 (unknown): size for 256 SMs, more than any sm_90 part has.
-  const int sms = sm_count > 0 ? sm_count : 256;
-  return cutlass_sm90::MakeWorkspaceLayout(s.groups, MaxCutlassBytes(s, sms)).total;
+  return cutlass_sm90::MakeWorkspaceLayout(s.groups, MaxCutlassBytes(s, sm_count)).total;
 }
 
-ffi::Error LaunchCutlassSm90(const DeviceGemm& g, cudaStream_t stream) {
+ffi::Error LaunchCutlassSm90(const DeviceGemm& g, std::string_view config, cudaStream_t stream) {
   const GroupedGemmShape& s = g.s;
-  if (!CutlassSm90Supports(s)) {
-    return ffi::Error::InvalidArgument("te_async: CUTLASS sm90 grouped GEMM does not support " + ShapeText(s));
-  }
   const size_t elem = 2;  // bf16 / f16
   // Degenerate extents: nothing for a GEMM to do; whatever `out` holds is zero.
   const int64_t out_elems = s.ragged_k ? s.groups * s.k * s.n : s.rows * s.n;
   if (out_elems == 0) return ffi::Error::Success();
-  if (s.groups == 0 || s.rows == 0 || (!s.ragged_k && s.k == 0)) {
+  if (s.rows == 0 || (!s.ragged_k && s.k == 0)) {
     TE_ASYNC_CUDA(cudaMemsetAsync(g.out, 0, static_cast<size_t>(out_elems) * elem, stream));
     return ffi::Error::Success();
   }
-  if (g.sm_count <= 0) {
-    return ffi::Error::InvalidArgument("te_async: CUTLASS grouped GEMM needs sm_count > 0, got " +
-                                       std::to_string(g.sm_count));
-  }
   // TMA needs 16-byte aligned global addresses; per-group offsets keep that (K, N multiples of 8).
   // The workspace holds TMA descriptors, which need 64-byte alignment.
-  if (!Aligned(g.lhs, 16) || !Aligned(g.rhs, 16) || !Aligned(g.out, 16) || !Aligned(g.workspace, 64) ||
-      g.group_sizes == nullptr) {
-    return ffi::Error::InvalidArgument("te_async: CUTLASS grouped GEMM needs 16-byte aligned lhs/rhs/out, a "
-                                       "64-byte aligned workspace and group sizes (" + ShapeText(s) + ")");
+  if (!Aligned(g.lhs, 16) || !Aligned(g.rhs, 16) || !Aligned(g.out, 16) || !Aligned(g.workspace, 64)) {
+    return ffi::Error::InvalidArgument("te_async: CUTLASS grouped GEMM needs 16-byte aligned lhs/rhs/out and a "
+                                       "64-byte aligned workspace (" + ShapeText(s) + ")");
   }
-  const size_t need = cutlass_sm90::MakeWorkspaceLayout(s.groups, MaxCutlassBytes(s, g.sm_count)).total;
-  if (g.workspace == nullptr || g.workspace_bytes < need) {
-    return ffi::Error::InvalidArgument("te_async: CUTLASS grouped GEMM needs " + std::to_string(need) +
-                                       " workspace bytes, got " + std::to_string(g.workspace_bytes) + " (" +
-                                       ShapeText(s) + ", sm_count " + std::to_string(g.sm_count) + ")");
-  }
-  TE_ASYNC_RETURN_IF_ERROR(CheckCutlassConfigOverride());
   const Form f = FormOf(s);
-  const Tile t = ChooseTile(s);
-  return s.in_type == ffi::DataType::BF16 ? DtypeRun<ffi::DataType::BF16>(f, t, g, stream)
-                                          : DtypeRun<ffi::DataType::F16>(f, t, g, stream);
+  const std::optional<Tile> t = cutlass_sm90::TileFromName(config);
+  if (!t || !cutlass_sm90::FormHasTile(f, *t)) {
+    return ffi::Error::InvalidArgument("te_async: CUTLASS config " + std::string(config) + " cannot run " + ShapeText(s));
+  }
+  return s.in_type == ffi::DataType::BF16 ? DtypeRun<ffi::DataType::BF16>(f, *t, g, stream)
+                                          : DtypeRun<ffi::DataType::F16>(f, *t, g, stream);
 }
 
 }  // namespace te_async

@@ -22,6 +22,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
 
 #include "cuda/device_gemm.h"
 #include "grouped_gemm_args.h"
@@ -29,13 +32,17 @@
 
 namespace te_async {
 
-// The config LaunchCutlassSm90 runs for a shape (for benchmarks and logs), e.g.
-// "cutlass_sm90_coop_128x256x64_c1x2"; "unsupported" when CutlassSm90Supports(s) is false.
-const char* CutlassSm90ConfigName(const GroupedGemmShape& s);
+// Shapes the instantiations run (CutlassShapeEligible and a form that exists).
+bool CutlassSm90Supports(const GroupedGemmShape& s);
 
-// An error when TE_ASYNC_CUTLASS_CONFIG is set to a name that is no config of any form (a typo
-// would otherwise leave every GEMM on the heuristic unnoticed).
-xla::ffi::Error CheckCutlassConfigOverride();
+// The config a supported shape runs: `override_name` (TE_ASYNC_CUTLASS_CONFIG, which te_async/plan.py
+// reads and validates) when the shape's form runs it, else the heuristic of the .cu. An error when
+// the name is no config at all.
+xla::ffi::ErrorOr<std::string> CutlassSm90Config(const GroupedGemmShape& s, std::string_view override_name);
+
+// Workspace of a supported shape on a device with `sm_count` SMs, the same for every config of its
+// form (the largest), so that choosing a config never changes the buffer XLA allocates.
+size_t CutlassSm90WorkspaceBytes(const GroupedGemmShape& s, int sm_count);
 
 namespace cutlass_sm90 {
 
@@ -92,6 +99,13 @@ inline const char* TileName(Tile t) {
       return "cutlass_sm90_pingpong_128x128x64_c2x1";
   }
   return "unknown";
+}
+
+inline std::optional<Tile> TileFromName(std::string_view name) {
+  for (int i = 0; i < kNumTiles; ++i) {
+    if (name == TileName(static_cast<Tile>(i))) return static_cast<Tile>(i);
+  }
+  return std::nullopt;
 }
 
 // Workspace layout (offsets from DeviceGemm::workspace, each sub-buffer 256-byte aligned):
@@ -285,6 +299,7 @@ inline constexpr int kSetupThreads = 256;
 template <class Element, class Shape, class StrideA, class StrideB, class StrideD>
 struct SetupParams {
   const int32_t* sizes;
+  unsigned long long* clamped_calls;  // DeviceCounters::clamped_calls
   int groups;
   int rows;  // M, the ragged dimension
   int64_t k;
@@ -308,7 +323,7 @@ template <Form F, class Element, class Shape, class StrideA, class StrideB, clas
 __global__ void __launch_bounds__(kSetupThreads)
     SetupKernel(SetupParams<Element, Shape, StrideA, StrideB, StrideD> p) {
   __shared__ int offsets[kMaxGroups + 1];
-  LoadGroupOffsets<kSetupThreads>(p.sizes, p.groups, p.rows, offsets);
+  LoadGroupOffsets<kSetupThreads>(p.sizes, p.groups, p.rows, offsets, p.clamped_calls);
 
   const int64_t k = p.k, n = p.n;
   if (blockIdx.x == 0) {
@@ -430,12 +445,8 @@ xla::ffi::Error Run(const DeviceGemm& g, cudaStream_t stream) {
   using Element = typename Config::Element;
   const GroupedGemmShape& s = g.s;
 
+  // The handler checked the workspace against CutlassSm90WorkspaceBytes, the largest of the form.
   const WorkspaceLayout layout = MakeWorkspaceLayout(s.groups, CutlassBytes<D, F, T>(s.groups, g.sm_count));
-  if (g.workspace == nullptr || g.workspace_bytes < layout.total) {
-    return xla::ffi::Error::InvalidArgument(std::string("te_async: ") + TileName(T) + " needs " +
-                                            std::to_string(layout.total) + " workspace bytes, got " +
-                                            std::to_string(g.workspace_bytes));
-  }
   char* ws = static_cast<char*>(g.workspace);
 
   // 1. Per-group arguments and zero-fill, from the device-side group sizes.
@@ -443,6 +454,7 @@ xla::ffi::Error Run(const DeviceGemm& g, cudaStream_t stream) {
                              typename Config::StrideB, typename Config::StrideD>;
   Params p;
   p.sizes = g.group_sizes;
+  p.clamped_calls = g.clamped_calls;
   p.groups = static_cast<int>(s.groups);
   p.rows = static_cast<int>(s.rows);
   p.k = s.k;

@@ -1,16 +1,18 @@
-// Device-sized grouped GEMM: the contract between the FFI handler (grouped_gemm_device.cc) and
-// the kernels. Every kernel reads group_sizes on the GPU, so a call needs no host copy, no host
-// wait and no allocation, and can be captured into a CUDA graph.
+// Device-sized grouped GEMM: the contract between the FFI handlers and the kernels. Every kernel
+// reads group_sizes on the GPU, so a call needs no host copy, no host wait and no allocation, and
+// can be captured into a CUDA graph.
 //
 // Group layout (all kernels, see group_layout.cuh): a negative size counts as 0, and a group that
-// would run past row M is cut at M. Ragged m: rows past the last group are written as 0.
-// Ragged k: a group with no rows gets out[g] = 0. Every element of `out` is written.
+// would run past row M is cut at M; such a call is counted in DeviceCounters::clamped_calls.
+// Ragged m: rows past the last group are written as 0. Ragged k: a group with no rows gets
+// out[g] = 0. Every element of `out` is written.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <string_view>
 
 #include "device_kernel_choice.h"
 #include "grouped_gemm_args.h"
@@ -23,21 +25,23 @@ struct DeviceGemm {
   const void* rhs = nullptr;
   const int32_t* group_sizes = nullptr;  // [G], device memory
   void* out = nullptr;
-  void* workspace = nullptr;  // DeviceWorkspaceBytes(...) bytes, 256-byte aligned, device memory
+  void* workspace = nullptr;  // the plan's workspace_bytes, 256-byte aligned, device memory
   size_t workspace_bytes = 0;
   int sm_count = 0;
+  unsigned long long* clamped_calls = nullptr;  // DeviceCounters::clamped_calls of this device
+  // Portable kernel only: when set, the kernel runs only if *run_if != 0 (the host-sized path's
+  // repair of a stale pinned read, host_sizes_guard.h), else every block exits at once.
+  const int* run_if = nullptr;
 };
 
 // Each launcher enqueues on `stream` only (kernels, cudaMemsetAsync), checks every CUDA return
-// code and the launch error, and returns an FFI error naming the failure.
+// code and the launch error, and returns an FFI error naming the failure. The handler has checked
+// the shape (CheckGroupedGemm) and the plan before.
 xla::ffi::Error LaunchSmallGroups(const DeviceGemm& g, cudaStream_t stream);  // small_group_gemm.cu
 xla::ffi::Error LaunchPortable(const DeviceGemm& g, cudaStream_t stream);     // portable_grouped_gemm.cu
-
-// CUTLASS sm90a ptr-array grouped GEMM (cutlass_grouped_gemm*.cu), built when the CUTLASS headers
-// are found (TE_ASYNC_HAVE_CUTLASS). Supports() says whether a shape/dtype has an instantiation.
-bool CutlassSm90Supports(const GroupedGemmShape& s);
-size_t CutlassSm90WorkspaceBytes(const GroupedGemmShape& s, int sm_count);
-xla::ffi::Error LaunchCutlassSm90(const DeviceGemm& g, cudaStream_t stream);
+// CUTLASS sm90a ptr-array grouped GEMM (cutlass_grouped_gemm*.cu) with the named config, built
+// when the CUTLASS headers are found (TE_ASYNC_HAVE_CUTLASS).
+xla::ffi::Error LaunchCutlassSm90(const DeviceGemm& g, std::string_view config, cudaStream_t stream);
 
 // Whether the CUTLASS kernels were compiled in (CMake defines TE_ASYNC_HAVE_CUTLASS).
 constexpr bool CutlassBuilt() {
@@ -48,21 +52,32 @@ constexpr bool CutlassBuilt() {
 #endif
 }
 
-// Workspace a device-mode call needs; the Python wrapper allocates it as an extra result.
-size_t DeviceWorkspaceBytes(const GroupedGemmShape& s, DeviceKernel kernel, int sm_count);
-
 struct DeviceInfo {
   int compute_capability = 0;  // major * 10 + minor
   int sm_count = 0;
 };
+xla::ffi::ErrorOr<DeviceInfo> QueryDevice(int device);
 
-// What a device-mode call of shape `s` runs on `device`: the one plan both the handler and the
-// trace-time workspace sizing (module.cc, device_plan) use.
+// What Python reads from the environment and passes to the planner (te_async/plan.py validates it).
+struct PlanSettings {
+  int64_t small_groups_max_rows = kSmallGroupsMaxRows;
+  std::string_view cutlass_config;  // "" or a config name (TE_ASYNC_CUTLASS_CONFIG)
+};
+
+// What a device-mode call of shape `s` runs on a device like `info`: made once, at trace time
+// (module.cc's plan_device_gemm); the kernel and config travel to the handler as FFI attributes
+// and the workspace as an extra result, so the handler allocates nothing and decides nothing.
 struct DevicePlan {
-  DeviceInfo info;
   DeviceKernel kernel = DeviceKernel::kPortable;
+  std::string cutlass_config;  // the CUTLASS config name, "" for the other kernels
   size_t workspace_bytes = 0;
 };
-xla::ffi::Error PlanDeviceGemm(const GroupedGemmShape& s, int device, DevicePlan* plan);
+xla::ffi::ErrorOr<DevicePlan> PlanDeviceGemm(const GroupedGemmShape& s, const DeviceInfo& info,
+                                             const PlanSettings& settings);
+
+// The handler's check that a plan fits the call and the device it runs on: the kernel can run the
+// shape there, and the workspace is large enough.
+xla::ffi::Error CheckPlanFits(const GroupedGemmShape& s, const DeviceInfo& info, DeviceKernel kernel,
+                              std::string_view cutlass_config, size_t workspace_bytes);
 
 }  // namespace te_async

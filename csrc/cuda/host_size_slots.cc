@@ -1,5 +1,6 @@
 #include "cuda/host_size_slots.h"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -92,21 +93,22 @@ ffi::Error HostSizeSlots::ReadSync(const int32_t* handle, int64_t groups, cudaSt
   return ffi::Error::Success();
 }
 
-ffi::Error HostSizeSlots::Read(const int32_t* handle, int64_t groups, cudaStream_t stream, bool async,
-                               int32_t* out) {
+ffi::ErrorOr<bool> HostSizeSlots::Read(const int32_t* handle, int64_t groups, cudaStream_t stream, bool async,
+                                       int32_t* out) {
   if (async && TryPinned(handle, groups, out)) {
-    if (!VerifyHostSizes()) return ffi::Error::Success();
+    if (DebugRotatePinnedSizes()) std::rotate(out, out + 1, out + groups);
+    if (!VerifyHostSizes()) return true;
     std::vector<int32_t> check(groups);
-    TE_ASYNC_RETURN_IF_ERROR(ReadSync(handle, groups, stream, check.data()));
+    if (ffi::Error e = ReadSync(handle, groups, stream, check.data()); e.failure()) return ffi::Unexpected(e);
     if (std::memcmp(check.data(), out, groups * sizeof(int32_t)) != 0) {
-      return ffi::Error::Internal("te_async: pinned group sizes differ from the device snapshot");
+      return ffi::Unexpected(ffi::Error::Internal("te_async: pinned group sizes differ from the device snapshot"));
     }
-    return ffi::Error::Success();
+    return true;
   }
-  TE_ASYNC_RETURN_IF_ERROR(ReadSync(handle, groups, stream, out));
+  if (ffi::Error e = ReadSync(handle, groups, stream, out); e.failure()) return ffi::Unexpected(e);
   std::lock_guard<std::mutex> lock(mu_);
   ++(async ? stats_.fallback_reads : stats_.sync_reads);
-  return ffi::Error::Success();
+  return false;
 }
 
 }  // namespace te_async

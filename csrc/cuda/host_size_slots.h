@@ -3,14 +3,19 @@
 // copy_group_sizes enqueues a D2H copy of the sizes into the next slot of the ring and records
 // the slot's CUDA event. It also writes a device snapshot of the sizes, the handle that the
 // consuming GEMMs take as an operand: that data dependency orders the copy before them, and the
-// snapshot's buffer address names the slot. A consumer waits on that slot's event alone.
+// snapshot's buffer address is filed under the slot. A consumer looks its operand's address up,
+// waits on that slot's event alone and reads the pinned sizes.
 //
-// Why a ring is safe: XLA runs a device's thunks in program order on one host thread, and a
-// consumer reads its slot synchronously inside its own handler. A slot is therefore only
-// overwritten by the kSlots-th later copy; each slot carries a generation, and a consumer whose
-// slot was reissued (more than kSlots copies in flight, or a handle XLA copied to a new buffer)
-// does not read stale sizes: it falls back to a synchronous read of the snapshot, which always
-// holds the right values, and the fallback is counted in Stats.
+// What the address proves, and what it does not: XLA runs a device's thunks in program order on
+// one host thread, and a slot is only refilled by the kSlots-th later copy, whose generation the
+// filing then no longer matches (that consumer falls back to a synchronous read of its operand,
+// counted). But an address names a buffer, not its contents: when XLA copies a handle (a scan
+// carry, a slice of stacked residuals, a rematerialised or donated buffer) into an address that a
+// recent copy was filed under, the lookup finds that copy's slot, and the host cannot tell without
+// the synchronous read that async mode exists to avoid. So the lookup is only a fast guess: the
+// GEMM that used pinned sizes has the GPU compare them with its operand in stream order and redo
+// the GEMM from the operand when they differ (host_sizes_guard.h). A stale slot costs time and is
+// counted (DeviceCounters::repaired_reads); it never gives a wrong result.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -50,8 +55,10 @@ class HostSizeSlots {
 
   // Host copy of the sizes behind `handle`: from its pinned slot after waiting on the slot's
   // event when `async`, else (or when the slot is gone) by a synchronous D2H of `handle` itself.
-  xla::ffi::Error Read(const int32_t* handle, int64_t groups, cudaStream_t stream, bool async,
-                       int32_t* out);
+  // True when the sizes came from a pinned slot, which the caller must then have the GPU check
+  // (host_sizes_guard.h).
+  xla::ffi::ErrorOr<bool> Read(const int32_t* handle, int64_t groups, cudaStream_t stream, bool async,
+                               int32_t* out);
 
  private:
   template <typename T>

@@ -1,5 +1,5 @@
-// The CUDA extension: a registrations() dict of FFI handler capsules, the host-size counters,
-// and release() for interpreter exit.
+// The CUDA extension: a registrations() dict of FFI handler capsules, the device-mode planner,
+// the host-size and device counters, and release() for interpreter exit.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
@@ -11,6 +11,7 @@
 
 #include "ffi_capsule.h"
 #include "cuda/cutlass_grouped_gemm.h"
+#include "cuda/device_counters.h"
 #include "cuda/device_gemm.h"
 #include "cuda/handlers.h"
 #include "cuda/host_size_slots.h"
@@ -35,31 +36,44 @@ NB_MODULE(_te_async_cuda, m) {
     d["fallback_reads"] = s.fallback_reads;
     return d;
   });
-  // What a device-mode call of this static shape will run on `device` (the kernel, or for
-  // CUTLASS its config, e.g. "cutlass_sm90_coop_128x256x64_c1x2"), and the workspace it needs.
+  m.def("device_counters", [](int device) {
+    auto counters = te_async::ReadCounters(device);
+    if (counters.has_error()) throw std::runtime_error(counters.error().message());
+    nb::dict d;
+    d["clamped_calls"] = counters->clamped_calls;
+    d["repaired_reads"] = counters->repaired_reads;
+    return d;
+  });
+  // (compute capability, SM count) of `device`; it also resolves the device's counters, so that a
+  // call captured into a CUDA graph never has to.
+  m.def("device_info", [](int device) {
+    auto info = te_async::QueryDevice(device);
+    if (info.has_error()) throw std::runtime_error(info.error().message());
+    if (auto counters = te_async::CountersOnDevice(device); counters.has_error()) {
+      throw std::runtime_error(counters.error().message());
+    }
+    return std::make_tuple(info->compute_capability, info->sm_count);
+  });
+  // The device-mode plan of a static shape on a device of this kind: (kernel, CUTLASS config or
+  // "", workspace bytes). The settings are the environment's, read and validated by te_async/plan.py.
   m.def(
-      "device_plan",
+      "plan_device_gemm",
       [](int64_t groups, int64_t rows, int64_t k, int64_t n, bool ragged_k, bool transpose_rhs,
-         const std::string& in_dtype, const std::string& out_dtype, int device) {
+         const std::string& in_dtype, const std::string& out_dtype, int compute_capability, int sm_count,
+         int64_t small_groups_max_rows, const std::string& cutlass_config) {
         const te_async::GroupedGemmShape s =
             te_async::ShapeFromStatic(groups, rows, k, n, ragged_k, transpose_rhs, in_dtype, out_dtype);
-        te_async::DevicePlan plan;
-        if (xla::ffi::Error e = te_async::PlanDeviceGemm(s, device, &plan); e.failure()) {
-          throw std::runtime_error(e.message());
-        }
-        std::string name = te_async::DeviceKernelName(plan.kernel);
-#ifdef TE_ASYNC_HAVE_CUTLASS
-        if (plan.kernel == te_async::DeviceKernel::kCutlassSm90) {
-          if (xla::ffi::Error e = te_async::CheckCutlassConfigOverride(); e.failure()) {
-            throw std::invalid_argument(e.message());
-          }
-          name = te_async::CutlassSm90ConfigName(s);
-        }
-#endif
-        return std::make_tuple(name, plan.workspace_bytes);
+        te_async::PlanSettings settings;
+        settings.small_groups_max_rows = small_groups_max_rows;
+        settings.cutlass_config = cutlass_config;
+        auto plan = te_async::PlanDeviceGemm(s, te_async::DeviceInfo{compute_capability, sm_count}, settings);
+        if (plan.has_error()) throw std::invalid_argument(plan.error().message());
+        return std::make_tuple(std::string(te_async::DeviceKernelName(plan->kernel)), plan->cutlass_config,
+                               plan->workspace_bytes);
       },
       nb::arg("groups"), nb::arg("rows"), nb::arg("k"), nb::arg("n"), nb::arg("ragged_k"), nb::arg("transpose_rhs"),
-      nb::arg("in_dtype"), nb::arg("out_dtype"), nb::arg("device"));
+      nb::arg("in_dtype"), nb::arg("out_dtype"), nb::arg("compute_capability"), nb::arg("sm_count"),
+      nb::arg("small_groups_max_rows"), nb::arg("cutlass_config"));
   m.attr("CUTLASS_BUILT") = te_async::CutlassBuilt();
   // The configs each form can run, by form ("m", "mt", "k"), for TE_ASYNC_CUTLASS_CONFIG; empty
   // when CUTLASS is not built.

@@ -259,13 +259,20 @@ __device__ __forceinline__ void StoreTile(TOut* __restrict__ out, long long row0
   }
 }
 
+// DeviceGemm's counter and repair condition, passed to the kernels together.
+struct Counted {
+  unsigned long long* clamped_calls;
+  const int* run_if;  // when set: run only if *run_if != 0
+};
+
 template <typename TIn, typename TOut, bool kTransRhs>
 __global__ void __launch_bounds__(kThreads, 2)
     PortableRaggedMKernel(const TIn* __restrict__ lhs, const TIn* __restrict__ rhs,
                           const int32_t* __restrict__ group_sizes, TOut* __restrict__ out,
-                          int groups, int M, int K, int N) {
+                          int groups, int M, int K, int N, Counted counted) {
+  if (counted.run_if != nullptr && *counted.run_if == 0) return;
   __shared__ SharedTiles sm;
-  LoadGroupOffsets<kThreads>(group_sizes, groups, M, sm.offsets);
+  LoadGroupOffsets<kThreads>(group_sizes, groups, M, sm.offsets, counted.clamped_calls);
   const long long total = sm.offsets[groups];
   const long long r0 = static_cast<long long>(blockIdx.x) * kBM;
   const long long rend = r0 + kBM < M ? r0 + kBM : M;      // rows of this tile
@@ -312,9 +319,10 @@ template <typename TIn, typename TOut>
 __global__ void __launch_bounds__(kThreads, 2)
     PortableRaggedKKernel(const TIn* __restrict__ lhs, const TIn* __restrict__ rhs,
                           const int32_t* __restrict__ group_sizes, TOut* __restrict__ out,
-                          int groups, int M, int K, int N) {
+                          int groups, int M, int K, int N, Counted counted) {
+  if (counted.run_if != nullptr && *counted.run_if == 0) return;
   __shared__ SharedTiles sm;
-  LoadGroupOffsets<kThreads>(group_sizes, groups, M, sm.offsets);
+  LoadGroupOffsets<kThreads>(group_sizes, groups, M, sm.offsets, counted.clamped_calls);
   const int e = blockIdx.z;
   const long long lo = sm.offsets[e], hi = sm.offsets[e + 1];
   const long long n0 = static_cast<long long>(blockIdx.x) * kBN;
@@ -358,17 +366,18 @@ ffi::Error Launch(const DeviceGemm& g, cudaStream_t stream) {
   const TIn* lhs = static_cast<const TIn*>(g.lhs);
   const TIn* rhs = static_cast<const TIn*>(g.rhs);
   TOut* out = static_cast<TOut*>(g.out);
+  const Counted counted{g.clamped_calls, g.run_if};
   const long long n_tiles = (static_cast<long long>(N) + kBN - 1) / kBN;
   if (!s.ragged_k) {
     const dim3 grid(static_cast<unsigned>((static_cast<long long>(M) + kBM - 1) / kBM),
                     static_cast<unsigned>(n_tiles < kMaxGridY ? n_tiles : kMaxGridY));
     if (s.transpose_rhs) {
       PortableRaggedMKernel<TIn, TOut, true>
-          <<<grid, kThreads, 0, stream>>>(lhs, rhs, g.group_sizes, out, groups, M, K, N);
+          <<<grid, kThreads, 0, stream>>>(lhs, rhs, g.group_sizes, out, groups, M, K, N, counted);
       return LaunchError("PortableRaggedMKernel<transpose_rhs=true> launch");
     }
     PortableRaggedMKernel<TIn, TOut, false>
-        <<<grid, kThreads, 0, stream>>>(lhs, rhs, g.group_sizes, out, groups, M, K, N);
+        <<<grid, kThreads, 0, stream>>>(lhs, rhs, g.group_sizes, out, groups, M, K, N, counted);
     return LaunchError("PortableRaggedMKernel<transpose_rhs=false> launch");
   }
   const long long k_tiles = (static_cast<long long>(K) + kBM - 1) / kBM;
@@ -376,7 +385,7 @@ ffi::Error Launch(const DeviceGemm& g, cudaStream_t stream) {
                   static_cast<unsigned>(k_tiles < kMaxGridY ? k_tiles : kMaxGridY),
                   static_cast<unsigned>(groups));
   PortableRaggedKKernel<TIn, TOut>
-      <<<grid, kThreads, 0, stream>>>(lhs, rhs, g.group_sizes, out, groups, M, K, N);
+      <<<grid, kThreads, 0, stream>>>(lhs, rhs, g.group_sizes, out, groups, M, K, N, counted);
   return LaunchError("PortableRaggedKKernel launch");
 }
 
@@ -392,11 +401,6 @@ ffi::Error LaunchOut(const DeviceGemm& g, cudaStream_t stream) {
 
 ffi::Error LaunchPortable(const DeviceGemm& g, cudaStream_t stream) {
   const GroupedGemmShape& s = g.s;
-  if (s.groups < 1 || s.groups > kMaxGroups) {
-    return ffi::Error::InvalidArgument("te_async portable grouped GEMM: group count " +
-                                       std::to_string(s.groups) + " outside 1.." +
-                                       std::to_string(kMaxGroups));
-  }
   if (s.rows < 0 || s.k < 0 || s.n < 0) {
     return ffi::Error::InvalidArgument("te_async portable grouped GEMM: negative dimension");
   }
@@ -405,10 +409,6 @@ ffi::Error LaunchPortable(const DeviceGemm& g, cudaStream_t stream) {
     return ffi::Error::InvalidArgument(
         "te_async portable grouped GEMM: a dimension exceeds 2^31-1 (M " + std::to_string(s.rows) +
         ", K " + std::to_string(s.k) + ", N " + std::to_string(s.n) + ")");
-  }
-  if (s.ragged_k && s.transpose_rhs) {
-    return ffi::Error::InvalidArgument("te_async portable grouped GEMM: transpose_rhs applies to "
-                                       "ragged m only");
   }
   // Nothing to write: out [M,N] or [G,K,N] is empty.
   if (s.ragged_k ? (s.k == 0 || s.n == 0) : (s.rows == 0 || s.n == 0)) {

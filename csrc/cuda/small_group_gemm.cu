@@ -196,6 +196,7 @@ struct Args {
   const void* lhs;
   const void* rhs;
   const int32_t* sizes;
+  unsigned long long* clamped_calls;
   void* out;
   int groups;
   int rows;
@@ -211,7 +212,7 @@ struct ChunkTables {
 
 // All threads of the block. Returns the total number of row chunks.
 __device__ __forceinline__ int PrepareChunks(const Args& a, ChunkTables& t) {
-  LoadGroupOffsets<kThreads>(a.sizes, a.groups, a.rows, t.offs);
+  LoadGroupOffsets<kThreads>(a.sizes, a.groups, a.rows, t.offs, a.clamped_calls);
   for (int g = threadIdx.x; g <= a.groups; g += kThreads) {
     const int end = g < a.groups ? t.offs[g + 1] : a.rows;
     t.cnt[g] = (end - t.offs[g] + kChunkRows - 1) / kChunkRows;
@@ -622,6 +623,7 @@ ffi::Error Launch(const DeviceGemm& g, cudaStream_t stream) {
   a.lhs = g.lhs;
   a.rhs = g.rhs;
   a.sizes = g.group_sizes;
+  a.clamped_calls = g.clamped_calls;
   a.out = g.out;
   a.groups = static_cast<int>(s.groups);
   a.rows = static_cast<int>(s.rows);
@@ -663,11 +665,6 @@ ffi::Error Launch(const DeviceGemm& g, cudaStream_t stream) {
 
 ffi::Error LaunchSmallGroups(const DeviceGemm& g, cudaStream_t stream) {
   const GroupedGemmShape& s = g.s;
-  if (s.ragged_k) return ffi::Error::InvalidArgument("te_async: small_group_gemm supports ragged m only");
-  if (s.groups < 1 || s.groups > kMaxGroups) {
-    return ffi::Error::InvalidArgument("te_async: small_group_gemm: group count " + std::to_string(s.groups) +
-                                       " outside [1, " + std::to_string(kMaxGroups) + "]");
-  }
   const int64_t limit = INT_MAX / 2;
   if (s.rows < 0 || s.k < 0 || s.n < 0 || s.rows > limit || s.k > limit || s.n > limit) {
     return ffi::Error::InvalidArgument("te_async: small_group_gemm: dimensions out of range");

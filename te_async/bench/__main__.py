@@ -1,35 +1,50 @@
-"""python -m te_async.bench {prefill,layer,decode,decode-gemm,ep} [options]: run one benchmark, write JSON
-(and markdown, plots where the benchmark makes them) under --out, print a table."""
+"""Run one benchmark: it prints a table and writes its results under --out as JSON (with where
+they came from: date, commit, build, jax, GPU), markdown and, where it makes them, plots.
+`python -m te_async.bench <benchmark> --help` says what each measures. Every benchmark defaults
+to real model shapes (DeepSeek-V2-Lite) on a GPU and to the tiny preset, which runs in a minute
+or so, on a CPU; --preset picks another."""
 
 import argparse
 import importlib
 import json
 import pathlib
 
+from . import timing
+
 BENCHMARKS = {
-    "prefill": "te_async.bench.prefill",  # seed 000's grouped GEMMs, TFLOP/s per mode
-    "layer": "te_async.bench.layer",  # one MoE layer forward, async against sync
-    "decode": "te_async.bench.decode",  # the L-layer decode step and its bubble
-    "decode-gemm": "te_async.bench.decode_gemm",  # decode-size expert GEMMs against the weight-read floor
-    "ep": "te_async.bench.ep",  # the expert-parallel MoE block on N devices against one
+    "prefill": "te_async.bench.prefill",
+    "train": "te_async.bench.train",
+    "layer": "te_async.bench.layer",
+    "decode": "te_async.bench.decode",
+    "decode-gemm": "te_async.bench.decode_gemm",
+    "ep": "te_async.bench.ep",
 }
 
 
+def parser() -> argparse.ArgumentParser:
+    """One sub-command per benchmark, its one-line summary and help from its module's docstring."""
+    top = argparse.ArgumentParser(prog="python -m te_async.bench", description=__doc__)
+    subs = top.add_subparsers(dest="benchmark", metavar="benchmark", title="benchmarks")
+    for name, path in BENCHMARKS.items():
+        module = importlib.import_module(path)
+        sub = subs.add_parser(name, help=module.__doc__.splitlines()[0], description=module.__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+        sub.add_argument("--out", type=pathlib.Path, default=pathlib.Path("out"), help="folder for the results (default: out)")
+        module.add_arguments(sub)
+        sub.set_defaults(module=module)
+    return top
+
+
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m te_async.bench", description=__doc__, add_help=False)
-    parser.add_argument("benchmark", choices=BENCHMARKS, nargs="?")
-    first, rest = parser.parse_known_args(argv)
-    if first.benchmark is None:  # -h, or nothing: the top-level usage; "<name> -h" reaches the benchmark
-        parser.print_help()
+    top = parser()
+    args = top.parse_args(argv)
+    if args.benchmark is None:
+        top.print_help()
         return
-    module = importlib.import_module(BENCHMARKS[first.benchmark])
-    sub = argparse.ArgumentParser(prog=f"python -m te_async.bench {first.benchmark}", description=module.__doc__)
-    sub.add_argument("--out", type=pathlib.Path, default=pathlib.Path("out"), help="folder for results")
-    module.add_arguments(sub)
-    args = sub.parse_args(rest)
     args.out.mkdir(parents=True, exist_ok=True)
-    result = module.run(args)
-    path = args.out / f"{first.benchmark}.json"
+    environment = timing.environment()
+    result = {**args.module.run(args), "environment": environment}
+    path = args.out / f"{args.benchmark}.json"
     path.write_text(json.dumps(result, indent=1))
     print(f"wrote {path}")
 

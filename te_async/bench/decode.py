@@ -5,7 +5,7 @@ stacked layer weights under one jit; attention is left out because it has no gro
 would only dilute the bubble. Decode is where the group-sizes stall hurts most: each expert GEMM
 is a few rows, so the host's wait for the sizes is not hidden behind GPU work.
 
-Modes, each one entry of MODES (name -> layer(x, layer_params, model) -> moe output):
+Modes:
   sync, async   moe_block with that group_sizes_mode; async issues the copy before the permutation.
   async_late    async with early_copy=False: the copy issued by grouped_mlp, after the permutation,
                 which shows what issuing it early buys.
@@ -17,11 +17,12 @@ Modes, each one entry of MODES (name -> layer(x, layer_params, model) -> moe out
                 "nohost_reads_bytes" records what it reads.
 
 The floor is the bytes of the experts a batch actually hits (counted on the host from the
-routing, per layer, averaged over the rotated inputs) over the HBM bandwidth measured in the same
-run. Every mode's first layer is checked against sync at one batch (rel_error_vs_sync; see
-_first_layer_check for why not the whole step). Wall-clock latency is measured unprofiled; the
-bubble comes from a separate profiled run, because profiling turns XLA's command buffers off
-unless XLA_FLAGS says otherwise.
+routing, per layer, averaged over the rotated inputs) over the HBM bandwidth measured in the
+same run. Every mode's first layer is checked against sync at one batch (rel_error_vs_sync; the
+first layer only, since later layers may route near-tied tokens differently after bf16 rounding,
+with no fault in either mode). Wall-clock latency is measured unprofiled; the bubble comes from
+a separate profiled run, because profiling turns XLA's command buffers off unless XLA_FLAGS says
+otherwise.
 """
 
 import argparse
@@ -29,7 +30,6 @@ import itertools
 import json
 import math
 import os
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -38,7 +38,7 @@ import numpy as np
 from .. import GROUP_SIZES_MODES, host_size_stats
 from ..mlp import activate, normalize
 from ..moe import combine, moe_block, plan_dispatch, route_top_k
-from . import timing, trace
+from . import presets, timing, trace
 
 try:
     from tqdm import tqdm as _progress
@@ -62,21 +62,6 @@ INNER = 5  # steps per timing sample, so that one sample spans a millisecond or 
 PROFILED_STEPS = 3
 
 
-class Model(NamedTuple):
-    experts: int
-    hidden: int
-    ffn: int
-    top_k: int
-    layers: int
-
-
-PRESETS = {
-    "deepseek-v2-lite": Model(64, 2048, 1408, 6, 26),
-    "mixtral-8x7b": Model(8, 4096, 14336, 2, 4),  # 2.8 GB of experts per layer: 4 layers fit the budget
-    "tiny": Model(8, 64, 96, 2, 2),  # CPU tests
-}
-
-
 def _te_moe(mode, early_copy=True):
     def layer(x, p, model):
         return moe_block(x, p["router"], p["w_fc1"], p["w_fc2"], top_k=model.top_k, norm_scale=p["norm_scale"],
@@ -98,7 +83,8 @@ def _routed(expert_mlp):
     return layer
 
 
-def _ragged_dot_mlp(rows, group_sizes, w_fc1, w_fc2):
+def ragged_dot_mlp(rows, group_sizes, w_fc1, w_fc2):
+    """The expert MLP (fc1, activation, fc2) with jax.lax.ragged_dot: what plain JAX offers."""
     h = jax.lax.ragged_dot(rows, w_fc1, group_sizes)
     return jax.lax.ragged_dot(activate(h, ACTIVATION), w_fc2, group_sizes)
 
@@ -112,7 +98,7 @@ def _gathered_mlp(rows, group_sizes, w_fc1, w_fc2):
 MODES = {"sync": _te_moe("sync"), "async": _te_moe("async"), "async_late": _te_moe("async", early_copy=False)}
 if "device" in GROUP_SIZES_MODES:
     MODES["device"] = _te_moe("device")
-MODES.update(ragged_dot=_routed(_ragged_dot_mlp), nohost=_routed(_gathered_mlp))
+MODES.update(ragged_dot=_routed(ragged_dot_mlp), nohost=_routed(_gathered_mlp))
 
 
 def make_step(layer, model, with_experts=False):
@@ -129,7 +115,7 @@ def make_step(layer, model, with_experts=False):
     return jax.jit(step)
 
 
-def init_params(m: Model, dtype, key):
+def init_params(m: presets.Model, dtype, key):
     """Layer weights stacked on a leading [L] axis, normal and scaled by 1/sqrt(fan-in); drawn one
     layer at a time so that no single draw approaches 2**32 elements."""
 
@@ -261,39 +247,41 @@ def plot_latency(results, modes, out_png):
 
 
 def add_arguments(parser):
-    parser.add_argument("--preset", choices=list(PRESETS), default="deepseek-v2-lite")
-    for name in Model._fields:
+    presets.add_argument(parser)
+    for name in presets.Model._fields:
         flag = "--topk" if name == "top_k" else f"--{name}"
-        parser.add_argument(flag, dest=name, type=int, help=f"override the preset's {name}")
-    parser.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64, 128, 256],
-                        help="tokens per step")
+        parser.add_argument(flag, dest=name, type=int, help=f"override the preset's {name.replace('_', '-')}"
+                            + (" (fewer make a quicker run)" if name == "layers" else ""))
+    parser.add_argument("--batches", type=int, nargs="+",
+                        help="tokens per step (default: 1 to 256, powers of 2, on a GPU; 1 8 64 elsewhere)")
     parser.add_argument("--modes", nargs="+", choices=list(MODES), help="default: all")
-    parser.add_argument("--reps", type=int, default=30, help=f"timing samples of {INNER} steps each (DESIGN: >= 30)")
+    parser.add_argument("--reps", type=int, default=30, help=f"timing samples of {INNER} steps each (default: 30)")
     parser.add_argument("--profile", action=argparse.BooleanOptionalAction, default=None,
-                        help="profiled run for the bubble (default: only on GPU)")
-    parser.add_argument("--plots", action=argparse.BooleanOptionalAction, default=True)
+                        help="a profiled run for the GPU's bubble (default: on a GPU only)")
+    parser.add_argument("--plots", action=argparse.BooleanOptionalAction, default=True, help="draw PNG plots (default: on)")
     parser.add_argument("--detail-batch", type=int, default=8,
                         help="batch (nearest of --batches) whose first layer is checked against sync "
                              "and whose profiled step is drawn per mode")
-    parser.add_argument("--hbm-gib", type=float, help="size of the bandwidth probe (default 2 on GPU; "
-                        "1/32 elsewhere, where the floor means little and the probe is slow)")
+    parser.add_argument("--hbm-gib", type=float, help="GiB read by the bandwidth probe (default: 2 on a GPU, "
+                        "1/32 elsewhere, where the floor means little and a large probe is slow)")
     parser.add_argument("--cmdbuf-during-profiling", action="store_true",
                         help=f"require {CMDBUF_FLAG} in XLA_FLAGS. XLA reads its flags when the backend starts, "
                              "before this benchmark runs, so the caller must set XLA_FLAGS; this only checks")
 
 
 def run(args) -> dict:
-    xla_flags = os.environ.get("XLA_FLAGS", "")
-    cmdbuf = CMDBUF_FLAG in xla_flags
+    cmdbuf = CMDBUF_FLAG in os.environ.get("XLA_FLAGS", "")
     if args.cmdbuf_during_profiling and not cmdbuf:
         raise SystemExit(f"--cmdbuf-during-profiling: run with XLA_FLAGS='{CMDBUF_FLAG}' set by the caller")
     gpu = jax.default_backend() == "gpu"
     profile = gpu if args.profile is None else args.profile
     dtype = jnp.bfloat16 if gpu else jnp.float32
-    model = PRESETS[args.preset]._replace(**{k: getattr(args, k) for k in Model._fields if getattr(args, k)})
-    modes, batches = args.modes or list(MODES), args.batches
-    expert_bytes = (model.hidden * 2 * model.ffn + model.ffn * model.hidden) * jnp.dtype(dtype).itemsize
-    hbm = timing.hbm_bandwidth(args.hbm_gib or (2.0 if gpu else 1 / 32))
+    preset, model = presets.resolve(args.preset)
+    model = model._replace(**{k: getattr(args, k) for k in presets.Model._fields if getattr(args, k)})
+    modes = args.modes or list(MODES)
+    batches = args.batches or ([1, 2, 4, 8, 16, 32, 64, 128, 256] if gpu else [1, 8, 64])
+    expert_bytes = model.expert_bytes(dtype)
+    hbm = timing.hbm_bandwidth(args.hbm_gib)
     params = init_params(model, dtype, jax.random.key(0))
 
     detail = min(batches, key=lambda b: abs(b - args.detail_batch))
@@ -326,14 +314,12 @@ def run(args) -> dict:
     print(table)
     return {
         "benchmark": "decode",
-        "environment": timing.environment(),
-        "config": dict(preset=args.preset, **model._asdict(), dtype=jnp.dtype(dtype).name, norm=NORM,
+        "config": dict(preset=preset, **model._asdict(), dtype=jnp.dtype(dtype).name, norm=NORM,
                        activation=ACTIVATION, expert_bytes=expert_bytes, batches=batches, modes=modes,
                        reps=args.reps, inner=INNER, inputs=N_INPUTS, profile=profile,
                        profiled_steps=PROFILED_STEPS, detail_batch=detail,
                        reference_errors={b: r["error"] for b, r in refs.items() if "error" in r}),
         "hbm_bytes_per_s": hbm,
-        "xla_flags": xla_flags,
         "cmdbuf_during_profiling": cmdbuf,
         "results": results,
     }

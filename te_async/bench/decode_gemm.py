@@ -1,17 +1,17 @@
 """Decode-size expert GEMMs against their floor: fc1 + fc2 of one MoE layer per mode.
 
-DeepSeek-V2-Lite's experts (64, hidden 2048, ffn 1408, top-6) at T tokens: M = 6T rows routed to
-at most 6T distinct experts. At these sizes the weights, not the math, set the time, so the
-floor of a layer is its active experts' fc1 + fc2 bytes over the HBM read bandwidth measured in
-the same run. One call runs a scan over L stacked layers (fresh weights and routing per layer,
-so no layer finds its weights in L2). The time of a layer is the slope between calls of L and 2L
-layers: what one more layer adds to a step, with the call's fixed dispatch and synchronisation
-cost (which a real step pays once, not per layer) taken out, and the gaps between the kernels
-of a layer kept in. It is taken on the GPU's clock (each call's span from its first kernel's
-start to its last kernel's end, from a profiler trace; the median call, the smaller of two
-traces) and on the host's wall clock, which
-also carries the host's jitter. The GPU time of a layer (its kernels alone, gaps left out) is
-reported beside them.
+A model's experts (on a GPU by default DeepSeek-V2-Lite's: 64, hidden 2048, ffn 1408, top-6) at
+T tokens: M = top_k * T rows routed to at most M distinct experts. At these sizes the weights,
+not the math, set the time, so the floor of a layer is its active experts' fc1 + fc2 bytes over
+the HBM read bandwidth measured in the same run. One call runs a scan over L stacked layers
+(fresh weights and routing per layer, so no layer finds its weights in L2). The time of a layer
+is the slope between calls of L and 2L layers: what one more layer adds to a step, with the
+call's fixed dispatch and synchronisation cost (which a real step pays once, not per layer)
+taken out, and the gaps between the kernels of a layer kept in. It is taken on the GPU's clock
+(each call's span from its first kernel's start to its last kernel's end, from a profiler trace;
+the median call, the smaller of two traces) and on the host's wall clock, which also carries the
+host's jitter. The GPU time of a layer (its kernels alone, gaps left out) is reported beside
+them.
 
 Modes: "device", "sync" and "async" run fc1 and fc2 as two independent grouped_gemm calls (fc2 on
 its own random h). "mlp" runs the layer as grouped_mlp does at inference (norm=None, device
@@ -28,30 +28,29 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import _ffi, grouped_gemm, grouped_mlp
-from . import timing
+from .. import grouped_gemm, grouped_mlp, plan
+from . import presets, timing
 
-EXPERTS, HIDDEN, FFN, TOP_K = 64, 2048, 1408, 6
-FC1_N = 2 * FFN  # swiglu: [gate | linear]
-EXPERT_BYTES = (HIDDEN * FC1_N + FFN * HIDDEN) * 2  # bf16
 MODES = ("device", "mlp", "read", "dense", "sync", "async")
 REFERENCE_MODES = ("read", "dense")
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--batches", type=int, nargs="*", default=[1, 2, 4, 8, 16, 32, 64])
-    p.add_argument("--layers", type=int, default=8, help="layers of the shorter timed call (the longer has twice as many)")
-    p.add_argument("--modes", nargs="*", default=list(MODES), choices=MODES)
-    p.add_argument("--reps", type=int, default=30)
-    p.add_argument("--unroll", action="store_true", help="unroll the layers instead of scanning them (all modes)")
+    presets.add_argument(p)
+    p.add_argument("--batches", type=int, nargs="*", help="tokens T (default: 1 to 64, powers of 2, on a GPU; 1 4 16 elsewhere)")
+    p.add_argument("--layers", type=int,
+                   help="layers of the shorter timed call; the longer has twice as many (default: 8 on a GPU, 2 elsewhere)")
+    p.add_argument("--modes", nargs="*", default=list(MODES), choices=MODES, help="default: all")
+    p.add_argument("--reps", type=int, default=30, help="timing samples of 3 calls each (default: 30)")
+    p.add_argument("--unroll", action="store_true", help="unroll the layers into one flat graph instead of scanning them (all modes)")
 
 
-def routed_sizes(rng, layers: int, tokens: int) -> np.ndarray:
-    """int32 [L, E]: each token picks TOP_K distinct experts uniformly, as a balanced router does."""
-    sizes = np.zeros((layers, EXPERTS), np.int32)
+def routed_sizes(model, rng, layers: int, tokens: int) -> np.ndarray:
+    """int32 [L, E]: each token picks top_k distinct experts uniformly, as a balanced router does."""
+    sizes = np.zeros((layers, model.experts), np.int32)
     for layer in range(layers):
         for _ in range(tokens):
-            sizes[layer, rng.choice(EXPERTS, TOP_K, replace=False)] += 1
+            sizes[layer, rng.choice(model.experts, model.top_k, replace=False)] += 1
     return sizes
 
 
@@ -97,22 +96,23 @@ def layer_stack(mode: str, active: float, unroll: bool = False):
     return jax.jit(step)
 
 
-def weights(key, layers: int, dtype) -> tuple:
-    """fc1 and fc2 weights of `layers` layers, made once and shared by every batch size."""
-    w1 = jax.random.normal(key, (layers, EXPERTS, HIDDEN, FC1_N), dtype) / math.sqrt(HIDDEN)
-    w2 = jax.random.normal(jax.random.fold_in(key, 1), (layers, EXPERTS, FFN, HIDDEN), dtype) / math.sqrt(FFN)
+def weights(model, key, layers: int, dtype) -> tuple:
+    """fc1 (swiglu: [gate | linear]) and fc2 weights of `layers` layers, made once and shared by every batch size."""
+    e, hidden, ffn = model.experts, model.hidden, model.ffn
+    w1 = jax.random.normal(key, (layers, e, hidden, 2 * ffn), dtype) / math.sqrt(hidden)
+    w2 = jax.random.normal(jax.random.fold_in(key, 1), (layers, e, ffn, hidden), dtype) / math.sqrt(ffn)
     return w1, w2
 
 
-def input_sets(key, rng, w: tuple, tokens: int, dtype) -> list:
+def input_sets(model, key, rng, w: tuple, tokens: int, dtype) -> list:
     """Three rotated argument sets of layer_stack: the weights `w`, fresh routing and activations."""
     layers = w[0].shape[0]
-    rows = tokens * TOP_K
+    rows = tokens * model.top_k
     sets = []
     for i in range(3):  # rotated, so each call routes differently
-        sizes = routed_sizes(rng, layers, tokens)
-        x = jax.random.normal(jax.random.fold_in(key, 10 + i), (layers, rows, HIDDEN), dtype)
-        h = jax.random.normal(jax.random.fold_in(key, 20 + i), (layers, rows, FFN), dtype)
+        sizes = routed_sizes(model, rng, layers, tokens)
+        x = jax.random.normal(jax.random.fold_in(key, 10 + i), (layers, rows, model.hidden), dtype)
+        h = jax.random.normal(jax.random.fold_in(key, 20 + i), (layers, rows, model.ffn), dtype)
         sets.append((*w, x, h, jnp.asarray(sizes)))
     return sets
 
@@ -125,27 +125,30 @@ def _steady_device_times(step, sets: list, calls: int, rounds: int = 2):
 
 
 def run(args) -> dict:
-    dtype = jnp.bfloat16 if jax.default_backend() == "gpu" else jnp.float32
-    layers = args.layers
+    gpu = jax.default_backend() == "gpu"
+    dtype = jnp.bfloat16 if gpu else jnp.float32
+    preset, model = presets.resolve(args.preset)
+    expert_bytes = model.expert_bytes(dtype)
+    layers = args.layers or (8 if gpu else 2)
     key = jax.random.key(0)
     bandwidth = timing.hbm_bandwidth()
     rng = np.random.default_rng(0)
-    w_short, w_long = weights(key, layers, dtype), weights(key, 2 * layers, dtype)
+    w_short, w_long = weights(model, key, layers, dtype), weights(model, key, 2 * layers, dtype)
     results = []
-    for tokens in args.batches:
-        rows = tokens * TOP_K
-        short = input_sets(key, rng, w_short, tokens, dtype)
-        long = input_sets(key, rng, w_long, tokens, dtype)
+    for tokens in args.batches or ([1, 2, 4, 8, 16, 32, 64] if gpu else [1, 4, 16]):
+        rows = tokens * model.top_k
+        short = input_sets(model, key, rng, w_short, tokens, dtype)
+        long = input_sets(model, key, rng, w_long, tokens, dtype)
         active = mean_active_experts(long)
-        floor_us = 1e6 * active * EXPERT_BYTES / bandwidth
-        kernels = "/".join(_ffi.device_plan(EXPERTS, rows, k, n, False, False, jnp.dtype(dtype).name, jnp.dtype(dtype).name)[0]
-                           for k, n in ((HIDDEN, FC1_N), (FFN, HIDDEN)))
+        floor_us = 1e6 * active * expert_bytes / bandwidth
+        kernels = "/".join(plan.plan_device_gemm(plan.GemmShape(model.experts, rows, k, n, dtype=jnp.dtype(dtype).name)).label
+                           for k, n in ((model.hidden, 2 * model.ffn), (model.ffn, model.hidden)))
         reference = {}  # the first output of each kind (the two GEMMs', the MLP's, a reference's), for rel_error_vs_first
         for mode in args.modes:
             row = {"tokens": tokens, "rows": rows, "mode": mode, "active_experts": float(active), "floor_us": floor_us}
             if mode in REFERENCE_MODES:
                 experts = read_experts(active)
-                row.update(read_experts=experts, floor_us=1e6 * experts * EXPERT_BYTES / bandwidth)
+                row.update(read_experts=experts, floor_us=1e6 * experts * expert_bytes / bandwidth)
             if mode == "device":
                 row["kernels"] = kernels
             try:
@@ -166,7 +169,7 @@ def run(args) -> dict:
                 row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
             results.append(row)
             print(_line(row), flush=True)
-    result = {"benchmark": "decode_gemm", "environment": timing.environment(), "hbm_bytes_per_s": bandwidth,
+    result = {"benchmark": "decode_gemm", "preset": preset, "shapes": model._asdict(), "hbm_bytes_per_s": bandwidth,
               "layers_per_call": [layers, 2 * layers], "unrolled": args.unroll, "results": results}
     (args.out / "decode_gemm.md").write_text(markdown(result))
     print(markdown(result))

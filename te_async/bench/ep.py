@@ -2,8 +2,8 @@
 
 One step is one MoE block forward: decode batches (a few tokens) and prefill (thousands), per
 group-sizes mode and transport, tokens counted over all devices. Wall-clock step times of both
-are measured unprofiled, back to back; then a profiled run of the EP step gives, per device, its
-bubble (GPU-idle time in the step window, trace.py) and its all-to-all time (the union of the
+are measured unprofiled, back to back; then a profiled run of the expert-parallel step gives, per
+device, its bubble (GPU-idle time in the step's window) and its all-to-all time (the union of the
 collective kernels and peer copies in that window). The count exchange (an all_gather) is a
 collective too and is counted in the all-to-all time. Traces have no GPU events on the CPU, so
 there those fields are None.
@@ -24,8 +24,8 @@ from jax.sharding import PartitionSpec as P
 from .. import GROUP_SIZES_MODES
 from ..expert_parallel import TRANSPORTS, default_transport, moe_block_ep
 from ..moe import moe_block
-from . import timing, trace
-from .decode import NORM, PRESETS, init_params
+from . import presets, timing, trace
+from .decode import NORM, init_params
 
 N_INPUTS = 4  # rotated token batches, so that routing differs call to call
 INNER = 5
@@ -35,15 +35,17 @@ COLLECTIVE = re.compile(r"nccl|all.?to.?all|all.?gather|ragged|sendrecv", re.I)
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--preset", choices=list(PRESETS), help="default: deepseek-v2-lite on GPU, tiny elsewhere")
-    p.add_argument("--devices", type=int, help="EP devices (default: all of the default backend)")
+    presets.add_argument(p)
+    p.add_argument("--devices", type=int, help="devices the experts are spread over (default: all of the backend's)")
     p.add_argument("--tokens", type=int, nargs="+",
-                   help="tokens per step over all devices (default: 8 64 4096 on GPU, 8 32 elsewhere)")
+                   help="tokens per step over all devices (default: 8 64 4096 on a GPU, 8 32 elsewhere)")
     p.add_argument("--modes", nargs="+", choices=GROUP_SIZES_MODES, help="default: all")
-    p.add_argument("--transports", nargs="+", choices=TRANSPORTS, help="default: the platform's")
-    p.add_argument("--reps", type=int, default=30)
+    p.add_argument("--transports", nargs="+", choices=TRANSPORTS,
+                   help="how rows reach their experts' devices: ragged (jax.lax.ragged_all_to_all) or dense "
+                        "(a padded all_to_all); default: ragged where the platform has it")
+    p.add_argument("--reps", type=int, default=30, help=f"timing samples of {INNER} steps each (default: 30)")
     p.add_argument("--profile", action=argparse.BooleanOptionalAction, default=None,
-                   help="bubble and all-to-all time per device from a profiled run (default: on GPU)")
+                   help="bubble and all-to-all time per device from a profiled run (default: on a GPU only)")
 
 
 def _per_device(log_dir, devices: int) -> list:
@@ -79,8 +81,8 @@ def _rel_error(y, ref) -> float:
 
 def run(args) -> dict:
     gpu = jax.default_backend() == "gpu"
-    preset = args.preset or ("deepseek-v2-lite" if gpu else "tiny")
-    model = PRESETS[preset]._replace(layers=1)
+    preset, model = presets.resolve(args.preset)
+    model = model._replace(layers=1)
     dtype = jnp.bfloat16 if gpu else jnp.float32
     devices = jax.devices()[: args.devices or len(jax.devices())]
     if len(devices) < 2:
@@ -128,7 +130,6 @@ def run(args) -> dict:
     print(table)
     return {
         "benchmark": "ep",
-        "environment": timing.environment(),
         "config": dict(preset=preset, **model._asdict(), dtype=jnp.dtype(dtype).name, devices=len(devices),
                        tokens=tokens_list, modes=modes, transports=transports, reps=args.reps, inner=INNER,
                        inputs=N_INPUTS, profile=profile, profiled_steps=PROFILED_STEPS),

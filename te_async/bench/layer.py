@@ -1,9 +1,9 @@
-"""One MoE layer forward (router, dispatch, grouped_mlp, combine) at DeepSeek-V2-Lite shapes:
-async mode against sync mode, with the copies and host syncs each forward makes.
+"""One MoE layer forward, async mode against sync mode, with the copies and host syncs it makes.
 
-Batches: decode (1, 8, 64 tokens) and prefill (4096 tokens). "async" issues the copy right
-after routing (te_async.moe's early copy); "async_late" lets grouped_mlp issue it after the
-permutation, to show what issuing it early buys.
+The layer is te_async.moe.moe_block (router, dispatch, grouped_mlp, combine), timed at decode
+batches (1, 8, 64 tokens) and a prefill (4096 tokens; 256 with --preset tiny). "async" issues
+the group-sizes copy right after routing (moe_block's early copy); "async_late" lets grouped_mlp
+issue it after the permutation, to show what issuing it early buys.
 """
 
 import math
@@ -13,9 +13,8 @@ import jax.numpy as jnp
 
 from .. import host_size_stats
 from ..moe import moe_block
-from . import timing
+from . import presets, timing
 
-EXPERTS, HIDDEN, FFN, TOP_K = 64, 2048, 1408, 6
 VARIANTS = {
     "sync": dict(group_sizes_mode="sync"),
     "async": dict(group_sizes_mode="async"),
@@ -24,14 +23,15 @@ VARIANTS = {
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--tokens", type=int, nargs="*", default=[1, 8, 64, 4096])
-    p.add_argument("--reps", type=int, default=30)
+    presets.add_argument(p)
+    p.add_argument("--tokens", type=int, nargs="*", help="tokens per forward (default: 1 8 64 and a prefill's)")
+    p.add_argument("--reps", type=int, default=30, help="timing samples of 5 forwards each (default: 30)")
 
 
 def run(args) -> dict:
-    on_gpu = jax.default_backend() == "gpu"
-    dtype = jnp.bfloat16 if on_gpu else jnp.float32
-    experts, hidden, ffn = (EXPERTS, HIDDEN, FFN) if on_gpu else (8, 64, 96)
+    dtype = jnp.bfloat16 if jax.default_backend() == "gpu" else jnp.float32
+    preset, model = presets.resolve(args.preset)
+    experts, hidden, ffn = model.experts, model.hidden, model.ffn
     key = jax.random.key(0)
     params = dict(
         router=jax.random.normal(key, (hidden, experts), dtype) / math.sqrt(hidden),
@@ -39,12 +39,12 @@ def run(args) -> dict:
         w_fc2=jax.random.normal(jax.random.fold_in(key, 2), (experts, ffn, hidden), dtype) / math.sqrt(ffn),
     )
     results = []
-    for tokens in args.tokens:
+    for tokens in args.tokens or [1, 8, 64, presets.prefill_tokens(preset)]:
         inputs = [(jax.random.normal(jax.random.fold_in(key, 10 + i), (tokens, hidden), dtype), params) for i in range(4)]
         for name, kw in VARIANTS.items():
             # Weights are arguments, not closed-over constants: XLA spent over a minute compiling
             # each 1 GB-constant module at T=4096 on the H200 (docs/benchmarks.md).
-            f = jax.jit(lambda x, p, kw=kw: moe_block(x, **p, top_k=TOP_K, **kw))
+            f = jax.jit(lambda x, p, kw=kw: moe_block(x, **p, top_k=model.top_k, **kw))
             t = timing.time_calls(f, inputs, reps=args.reps, inner=5)
             before = host_size_stats(0)
             jax.block_until_ready(f(*inputs[0]))
@@ -52,7 +52,7 @@ def run(args) -> dict:
             per_call = {k: after[k] - before[k] for k in after}
             results.append({"tokens": tokens, "variant": name, **t.as_dict(), "per_forward": per_call})
             print(f"T={tokens:5d} {name:10s} {1e3 * t.median_s:8.3f} ms  per forward: {per_call}")
-    result = {"benchmark": "layer", "environment": timing.environment(), "shapes": dict(experts=experts, hidden=hidden, ffn=ffn, top_k=TOP_K), "results": results}
+    result = {"benchmark": "layer", "preset": preset, "shapes": model._asdict(), "results": results}
     (args.out / "layer.md").write_text(markdown(result))
     print(markdown(result))
     return result

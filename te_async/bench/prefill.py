@@ -1,12 +1,14 @@
-"""Prefill grouped GEMMs of seed 000 (DeepSeek-V2-Lite, EP1): TFLOP/s per mode and reference.
+"""Prefill expert GEMMs: TFLOP/s of each group-sizes mode against XLA's ragged_dot and a dense GEMM.
 
-64 experts, hidden 2048, ffn 1408, top-6, seqlen 4096: fc1 is [24576, 2048] x [64, 2048, 2816],
-fc2 is [24576, 1408] x [64, 1408, 2048]. Two splits: even (384 rows per expert) and the seed's
-skewed m_splits (its commented-out list, with zeros; it sums to 12288 rows, used as it is).
-Beside te_async's modes: jax.lax.ragged_dot (XLA), the Pallas Mosaic-GPU ragged_dot_mgpu when
-it imports, and a dense GEMM of the same FLOPs. The same two weights' gradients (wgrad,
-ragged="k": [M, K]^T x [M, N] -> [64, K, N]) run against te_async's modes and the dense GEMM of
-the same FLOPs; XLA's ragged_dot and the Pallas kernel have no ragged-k form here to compare.
+At DeepSeek-V2-Lite's shapes (64 experts, hidden 2048, ffn 1408, top-6) and 4096 tokens, fc1 is
+[24576, 2048] x [64, 2048, 2816] and fc2 is [24576, 1408] x [64, 1408, 2048]; their weight
+gradients (ragged k: [M, K]^T x [M, N] -> [64, K, N]) are timed too (--gemms picks). Two splits
+of the rows over the experts: even (384 rows each), and the skewed split from the
+TransformerEngine stall report (docs/diagnosis-grouped-linear-stall.md; 12288 rows, with empty
+experts). Beside te_async's modes: jax.lax.ragged_dot (XLA), the Pallas Mosaic-GPU
+ragged_dot_mgpu where it imports, and a dense GEMM of the same FLOPs; the weight gradients have
+only the dense GEMM to compare, having no ragged-k form in XLA or Pallas here. TFLOP/s are given
+by wall clock and, on a GPU, by the call's kernel time from the profiler.
 """
 
 import functools
@@ -18,31 +20,51 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import GROUP_SIZES_MODES, _ffi, grouped_gemm
-from . import timing
+from .. import GROUP_SIZES_MODES, grouped_gemm, plan
+from . import presets, timing
 
-EXPERTS, HIDDEN, FFN, TOP_K, SEQLEN = 64, 2048, 1408, 6, 4096
-SEED_SKEWED_SPLITS = [
+# The skewed split of the TransformerEngine stall report (NVIDIA/TransformerEngine#1499): rows
+# per expert of DeepSeek-V2-Lite's 64, summing to 12288, half of a 4096-token prefill's rows.
+REPORT_SKEWED_SPLIT = [
     8, 83, 945, 0, 162, 4, 3, 0, 251, 510, 24, 140, 37, 0, 33, 10, 1, 0, 5, 0, 115, 0, 1, 1, 1, 188, 43, 1, 7, 0, 12, 0,
     324, 5, 88, 0, 0, 58, 558, 219, 1296, 1155, 2, 1102, 6, 0, 115, 0, 106, 0, 10, 0, 698, 2, 594, 221, 351, 0, 1, 2,
     2040, 0, 7, 743,
 ]  # fmt: skip
-# Seed 000's own figures (TE 1.13 GroupedLinear, even split, TFLOP/s), for context only.
-SEED_TFLOPS = {"H800": {"fc1": 253.4, "fc2": 133.3}, "A800": {"fc1": 149.3, "fc2": 106.1}}
-GEMMS = {  # ragged dimension, K, N
-    "fc1": ("m", HIDDEN, 2 * FFN),
-    "fc2": ("m", FFN, HIDDEN),
-    "fc1_wgrad": ("k", HIDDEN, 2 * FFN),
-    "fc2_wgrad": ("k", FFN, HIDDEN),
-}
+# TransformerEngine 1.13 GroupedLinear's TFLOP/s in that report (even split), for context only.
+REPORT_TFLOPS = {"H800": {"fc1": 253.4, "fc2": 133.3}, "A800": {"fc1": 149.3, "fc2": 106.1}}
+
+
+def gemms(model) -> dict:
+    """name -> (ragged dimension, K, N) of a layer's expert GEMMs and their weight gradients."""
+    fc1, fc2 = (model.hidden, 2 * model.ffn), (model.ffn, model.hidden)  # fc1: swiglu's [gate | linear]
+    return {"fc1": ("m", *fc1), "fc2": ("m", *fc2), "fc1_wgrad": ("k", *fc1), "fc2_wgrad": ("k", *fc2)}
+
+
+# At the GPU default's shapes: the names --gemms takes, and the shapes of the tools and tests.
+GEMMS = gemms(presets.PRESETS[presets.GPU_DEFAULT])
+EXPERTS = presets.PRESETS[presets.GPU_DEFAULT].experts
+
+
+def splits(model, tokens: int) -> dict:
+    """Rows per expert of a prefill of `tokens` tokens: "even", and "skewed", the report's split,
+    as it is at DeepSeek-V2-Lite's shapes; for other models repeated or cut to their experts and
+    scaled to half their rows, keeping its skew and its empty experts."""
+    rows = tokens * model.top_k
+    skewed = np.resize(REPORT_SKEWED_SPLIT, model.experts)
+    return {"even": [rows // model.experts] * model.experts, "skewed": (skewed * (rows // 2) // skewed.sum()).tolist()}
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--reps", type=int, default=30)
-    p.add_argument("--contenders", nargs="*", default=None, help="default: all that run here")
+    presets.add_argument(p)
+    p.add_argument("--tokens", type=int, help="tokens of the prefill (default: 4096; 256 with --preset tiny)")
+    p.add_argument("--gemms", nargs="*", default=list(GEMMS), choices=list(GEMMS), help="default: all")
+    p.add_argument("--contenders", nargs="*", default=None,
+                   help="te_async_sync, te_async_async, te_async_device, xla_ragged_dot, pallas_ragged_dot_mgpu (GPU), "
+                        "dense_same_flops (default: all that run here)")
     p.add_argument("--cutlass-configs", action="store_true",
-                   help="also run device mode once per CUTLASS config (te_async_device[<config>]), for tuning the heuristic")
-    p.add_argument("--gemms", nargs="*", default=list(GEMMS), choices=list(GEMMS))
+                   help="also run device mode once per CUTLASS tile config (te_async_device[<config>]), "
+                        "to check or tune the config heuristic")
+    p.add_argument("--reps", type=int, default=30, help="timing samples of 3 calls each (default: 30)")
 
 
 def _mgpu_ragged_dot():
@@ -59,7 +81,7 @@ def _mgpu_ragged_dot():
 
 def contenders(ragged: str, k: int, n: int, cutlass_configs: bool = False) -> dict:
     out = {f"te_async_{m}": functools.partial(grouped_gemm, ragged=ragged, group_sizes_mode=m) for m in GROUP_SIZES_MODES}
-    for config in _ffi.cutlass_configs(ragged) if cutlass_configs else []:
+    for config in plan.cutlass_configs(ragged) if cutlass_configs else []:
         out[f"te_async_device[{config}]"] = functools.partial(grouped_gemm, ragged=ragged, group_sizes_mode="device")
     if ragged == "k":
         out["dense_same_flops"] = lambda lhs, rhs, gs: jnp.dot(lhs.T, rhs)
@@ -72,25 +94,26 @@ def contenders(ragged: str, k: int, n: int, cutlass_configs: bool = False) -> di
     return out
 
 
-def make_rhs(ragged: str, k: int, n: int, rows: int, key, dtype) -> jax.Array:
-    """The second operand: the experts' weights [64, K, N] (ragged m), or an output gradient dy
-    [rows, N] (ragged k, the weight-gradient GEMM x^T dy)."""
+def make_rhs(ragged: str, k: int, n: int, rows: int, key, dtype, experts: int = EXPERTS) -> jax.Array:
+    """The second operand: the experts' weights [experts, K, N] (ragged m), or an output gradient
+    dy [rows, N] (ragged k, the weight-gradient GEMM x^T dy)."""
     if ragged == "m":
-        return jax.random.normal(key, (EXPERTS, k, n), dtype) / math.sqrt(k)
+        return jax.random.normal(key, (experts, k, n), dtype) / math.sqrt(k)
     return jax.random.normal(jax.random.fold_in(key, 7), (rows, n), dtype)
 
 
 def run(args) -> dict:
     dtype = jnp.bfloat16 if jax.default_backend() == "gpu" else jnp.float32
+    preset, model = presets.resolve(args.preset)
+    tokens = args.tokens or presets.prefill_tokens(preset)
     key = jax.random.key(0)
-    splits = {"even": [SEQLEN * TOP_K // EXPERTS] * EXPERTS, "seed_skewed": SEED_SKEWED_SPLITS}
     results = []
     for gemm in args.gemms:
-        ragged, k, n = GEMMS[gemm]
-        for split, sizes in splits.items():
+        ragged, k, n = gemms(model)[gemm]
+        for split, sizes in splits(model, tokens).items():
             rows = int(sum(sizes))
             gs = jnp.asarray(sizes, jnp.int32)
-            rhs = make_rhs(ragged, k, n, rows, key, dtype)
+            rhs = make_rhs(ragged, k, n, rows, key, dtype, model.experts)
             lhs_sets = [(jax.random.normal(jax.random.fold_in(key, i), (rows, k), dtype), rhs, gs) for i in range(2)]
             flops = 2 * rows * k * n
             reference = None
@@ -99,13 +122,14 @@ def run(args) -> dict:
                     continue
                 row = {"gemm": gemm, "split": split, "contender": name, "m": rows, "k": k, "n": n}
                 if name == "te_async_device":
-                    row["kernel"] = _ffi.device_plan(EXPERTS, rows, k, n, ragged == "k", False, *[jnp.dtype(dtype).name] * 2)[0]
+                    shape = plan.GemmShape(model.experts, rows, k, n, ragged_k=ragged == "k", dtype=jnp.dtype(dtype).name)
+                    row["kernel"] = plan.plan_device_gemm(shape).label
                 config = name[len("te_async_device["):-1] if name.startswith("te_async_device[") else None
                 if config:
                     row["kernel"] = config
                 try:
-                    # The handler reads TE_ASYNC_CUTLASS_CONFIG at each call, and each contender is a
-                    # fresh jit, so no recorded command buffer keeps an earlier config.
+                    # TE_ASYNC_CUTLASS_CONFIG is read when a call is traced, and each contender is a
+                    # fresh jit, so no cached executable keeps an earlier config.
                     with mock.patch.dict(os.environ, {"TE_ASYNC_CUTLASS_CONFIG": config} if config else {}):
                         f = jax.jit(fn)
                         reps = args.reps if name != "xla_ragged_dot" else max(5, args.reps // 6)  # ~25 ms per call
@@ -122,7 +146,8 @@ def run(args) -> dict:
                     row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
                 results.append(row)
                 print(_line(row))
-    result = {"benchmark": "prefill", "environment": timing.environment(), "seed_tflops": SEED_TFLOPS, "results": results}
+    result = {"benchmark": "prefill", "preset": preset, "shapes": model._asdict(), "tokens": tokens,
+              "report_tflops": REPORT_TFLOPS, "results": results}
     (args.out / "prefill.md").write_text(markdown(result))
     print(markdown(result))
     return result
@@ -130,9 +155,9 @@ def run(args) -> dict:
 
 def _line(row) -> str:
     if "error" in row:
-        return f"{row['gemm']} {row['split']:11s} {row['contender']:24s} error: {row['error'][:120]}"
-    gpu = "" if row["gpu_tflops"] is None else f" (GPU time {row['gpu_tflops']:6.1f})"
-    return (f"{row['gemm']} {row['split']:11s} {row['contender']:24s} {row['median_ms']:8.3f} ms {row['tflops']:7.1f} TFLOP/s"
+        return f"{row['gemm']} {row['split']:6s} {row['contender']:24s} error: {row['error'][:120]}"
+    gpu = "" if row["gpu_tflops"] is None else f" (GPU time {row['gpu_tflops']:6.3g})"
+    return (f"{row['gemm']} {row['split']:6s} {row['contender']:24s} {row['median_ms']:8.3f} ms {row['tflops']:7.3g} TFLOP/s"
             f"{gpu} {row.get('kernel', '')}")
 
 
@@ -148,10 +173,11 @@ def markdown(result) -> str:
             if r is None or "error" in r:
                 cells.append("—")
             else:
-                cells.append(f"{r['tflops']:.0f}" + ("" if r["gpu_tflops"] is None else f" / {r['gpu_tflops']:.0f}"))
+                cells.append(f"{r['tflops']:.3g}" + ("" if r["gpu_tflops"] is None else f" / {r['gpu_tflops']:.3g}"))
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    seed = result["seed_tflops"]
+    report = result["report_tflops"]
     lines.append("")
-    lines.append("TFLOP/s, median: wall clock of back-to-back calls / GPU time of the call's kernels (profiler), "
-                 "where there is a GPU. Seed 000 (TE 1.13, even split): " + "; ".join(f"{gpu} fc1 {v['fc1']:.0f} / fc2 {v['fc2']:.0f}" for gpu, v in seed.items()))
+    lines.append(f"TFLOP/s, median, {result['preset']}, {result['tokens']} tokens: wall clock of back-to-back calls / GPU time "
+                 "of the call's kernels (profiler), where there is a GPU. TransformerEngine 1.13 in the stall report "
+                 "(DeepSeek-V2-Lite, even split): " + "; ".join(f"{gpu} fc1 {v['fc1']:.0f} / fc2 {v['fc2']:.0f}" for gpu, v in report.items()))
     return "\n".join(lines) + "\n"

@@ -1,5 +1,5 @@
-"""Wall-clock timing, GPU time from a profiler trace, and the machine's two ceilings, shared by
-every benchmark.
+"""Wall-clock timing, GPU time from a profiler trace, the machine's two ceilings and the run's
+provenance, shared by every benchmark.
 
 Calls are timed back to back, blocking once per batch, so that XLA's asynchronous dispatch
 hides the host's launch cost exactly as it does in a real step; a mode whose calls stall the
@@ -8,15 +8,20 @@ not measure the L2 cache.
 """
 
 import datetime
+import os
+import shutil
 import statistics
+import subprocess
 import tempfile
 import time
 from typing import Callable, NamedTuple, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
+import jaxlib
 import numpy as np
 
+from .. import _ffi, cuda_extension_built
 from . import trace
 
 
@@ -74,9 +79,11 @@ def device_time_s(fn: Callable, inputs: Sequence[tuple], *, calls: int = 10) -> 
     return None if times is None else times["busy_s"]
 
 
-def hbm_bandwidth(gib: float = 2.0) -> float:
+def hbm_bandwidth(gib: Optional[float] = None) -> float:
     """HBM read bandwidth, bytes per second: a sum over `gib` GiB, on its GPU time where there is one
-    (the floor of a weight-reading kernel is its bytes over this)."""
+    (the floor of a weight-reading kernel is its bytes over this). By default 2 GiB on a GPU and
+    1/32 elsewhere, where the floor means little and a large probe is slow."""
+    gib = gib or (2.0 if jax.default_backend() == "gpu" else 1 / 32)
     n = int(gib * 2**30) // 4
     x = jnp.ones(n, dtype=jnp.float32)
     total = jax.jit(jnp.sum)
@@ -94,10 +101,52 @@ def dense_rate(m: int = 8192, n: int = 8192, k: int = 8192, dtype=jnp.bfloat16) 
 
 
 def environment() -> dict:
+    """Where a result came from, recorded in every benchmark's JSON: when, which source commit and
+    build of te_async, which jax, backend, GPU and driver, and the XLA flags of the run."""
     dev = jax.devices()[0]
+    cuda = _ffi.cuda_module()
     return {
-        "date": datetime.date.today().isoformat(),
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        **source_commit(),
+        "cuda_extension_built": cuda_extension_built(),
+        "cutlass_built": None if cuda is None else bool(cuda.CUTLASS_BUILT),
         "jax": jax.__version__,
+        "jaxlib": jaxlib.__version__,
         "backend": jax.default_backend(),
         "device": getattr(dev, "device_kind", str(dev)),
+        "gpu_driver": _gpu_driver(),
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
     }
+
+
+def _git(folder: str, *args: str) -> str:
+    return subprocess.run(["git", "-C", folder, *args], capture_output=True, text=True, check=True, timeout=30).stdout.strip()
+
+
+def source_commit() -> dict:
+    """{"commit", "dirty"} of the te_async source tree: TE_ASYNC_COMMIT where set (a copy without
+    .git); else the checkout holding the current directory, since the GPU machine runs an installed
+    wheel from the repository root; else the one holding this file (an editable install). A
+    checkout counts only if it is te_async's. "unknown" where none is found."""
+    if os.environ.get("TE_ASYNC_COMMIT"):
+        return {"commit": os.environ["TE_ASYNC_COMMIT"], "dirty": None}
+    for folder in (os.getcwd(), os.path.dirname(__file__)):
+        try:
+            top = _git(folder, "rev-parse", "--show-toplevel")
+            if os.path.exists(os.path.join(top, "te_async", "bench", "timing.py")):
+                return {"commit": _git(top, "rev-parse", "HEAD"),
+                        "dirty": bool(_git(top, "status", "--porcelain"))}  # untracked files too
+        except (OSError, subprocess.SubprocessError):
+            continue
+    return {"commit": "unknown", "dirty": None}
+
+
+def _gpu_driver() -> Optional[str]:
+    if shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30).stdout.split()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out[0] if out else None

@@ -1,7 +1,7 @@
 """Bubble meter: GPU busy and idle time from a ``jax.profiler`` perfetto trace.
 
 The bubble of a step is the GPU-idle time between its first kernel's start and
-its last kernel's end (DESIGN.md, "Measuring"). Only CUDA stream lines carry
+its last kernel's end. Only CUDA stream lines carry
 real device activity; the derived lines XLA adds to a device ("XLA Ops",
 "XLA Modules", "Steps", ...) span gaps or repeat kernels, so counting them would
 hide the very bubbles we want to see. All times are in microseconds, in the

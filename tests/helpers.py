@@ -1,0 +1,115 @@
+"""Shared test helpers: tolerances, random operands, device placement. The float64 references
+are in reference.py; tests import both as top-level modules (pytest puts tests/ on sys.path)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from reference import SIZE_KINDS, random_group_sizes
+
+# grouped_gemm against float64. Inputs are rounded to their dtype before the reference sees them
+# and every backend accumulates in float32, so the only error left is the accumulation order (f32)
+# or the one rounding of the output (bf16/f16: 2^-8 / 2^-11).
+TOL = {jnp.float32: 1e-5, jnp.bfloat16: 8e-3, jnp.float16: 1e-3}
+
+# The three grouped-GEMM forms as (ragged, transpose_rhs): forward, forward with rhs [G,N,K], wgrad.
+FORMS = [("m", False), ("m", True), ("k", False)]
+
+GATED = {"swiglu", "geglu"}
+
+
+def gpu_available() -> bool:
+    """te_async's CUDA extension is built and JAX sees a GPU: what tests marked `gpu` need."""
+    import te_async
+
+    try:
+        return te_async.cuda_extension_built() and bool(jax.devices("gpu"))
+    except RuntimeError:
+        return False
+
+
+def on_gpu(a):
+    return jax.device_put(a, jax.devices("gpu")[0])
+
+
+def cutlass_runs() -> bool:
+    """The CUTLASS sm_90a kernels are built and GPU 0 is a Hopper GPU: where device mode plans
+    cutlass_sm90 for eligible shapes (csrc/device_kernel_choice.h)."""
+    from te_async import _ffi
+
+    cuda = _ffi.cuda_module()
+    return cuda is not None and bool(cuda.CUTLASS_BUILT) and jax.devices("gpu")[0].compute_capability == "9.0"
+
+
+def device_plan(groups, rows, k, n, ragged, transpose_rhs, dtype, out_dtype=None):
+    """te_async.plan's DevicePlan for a device-mode grouped_gemm call of these static shapes."""
+    from te_async.plan import GemmShape, plan_device_gemm
+
+    out = None if out_dtype is None else jnp.dtype(out_dtype).name
+    shape = GemmShape(groups, rows, k, n, ragged_k=ragged == "k", transpose_rhs=transpose_rhs,
+                      dtype=jnp.dtype(dtype).name, out_dtype=out)
+    return plan_device_gemm(shape)
+
+
+def on_cpu(*arrays):
+    """On the first CPU device, whatever the default backend: for the CPU handlers' behaviour."""
+    return jax.device_put(arrays, jax.devices("cpu")[0])
+
+
+def random_kind(rng) -> str:
+    return SIZE_KINDS[int(rng.integers(len(SIZE_KINDS)))]
+
+
+def layer_group_sizes(rng, layers: int, groups: int, rows: int) -> np.ndarray:
+    """int32 [layers, groups]: different sizes per layer, cycling through every kind."""
+    return np.stack([random_group_sizes(rng, groups, rows, SIZE_KINDS[i % len(SIZE_KINDS)]) for i in range(layers)])
+
+
+def gemm_operands(rng, dtype, groups, rows, k, n, ragged="m", transpose_rhs=False):
+    """lhs [rows, k] and rhs [groups, k, n] ([groups, n, k] transposed; [rows, n] for ragged k)."""
+    lhs = jnp.asarray(rng.standard_normal((rows, k)), dtype)
+    if ragged == "k":
+        return lhs, jnp.asarray(rng.standard_normal((rows, n)), dtype)
+    shape = (groups, n, k) if transpose_rhs else (groups, k, n)
+    return lhs, jnp.asarray(rng.standard_normal(shape), dtype)
+
+
+def gemm_layer_stack(rng, layers, groups, rows, d, dtype=jnp.float32):
+    """Per-layer sizes [L, G], square weights [L, G, d, d] scaled to keep a chain of layers O(1),
+    and the first layer's input [rows, d]."""
+    sizes = layer_group_sizes(rng, layers, groups, rows)
+    w = jnp.asarray(rng.standard_normal((layers, groups, d, d)) / np.sqrt(d), dtype)
+    return sizes, w, jnp.asarray(rng.standard_normal((rows, d)), dtype)
+
+
+def mlp_layer_stack(rng, layers, groups, rows, hidden, ffn, dtype=jnp.float32):
+    """Per-layer sizes [L, G], swiglu weights w_fc1 [L, G, H, 2F] and w_fc2 [L, G, F, H], and the
+    first layer's input [rows, H]."""
+    sizes = layer_group_sizes(rng, layers, groups, rows)
+    w1 = jnp.asarray(rng.standard_normal((layers, groups, hidden, 2 * ffn)) / np.sqrt(hidden), dtype)
+    w2 = jnp.asarray(rng.standard_normal((layers, groups, ffn, hidden)) / np.sqrt(ffn), dtype)
+    return sizes, w1, w2, jnp.asarray(rng.standard_normal((rows, hidden)), dtype)
+
+
+def mlp_inputs(rng, *, groups, rows, hidden, ffn, activation, norm, dtype=jnp.float32, kind="random"):
+    """Sizes of `kind` and grouped_mlp's keyword operands (x, w_fc1, w_fc2, norm_scale, norm_bias;
+    the norm parameters float32, None where `norm` takes none)."""
+    sizes = random_group_sizes(rng, groups, rows, kind)
+    f1 = 2 * ffn if activation in GATED else ffn
+    arrays = dict(
+        x=jnp.asarray(rng.standard_normal((rows, hidden)), dtype),
+        w_fc1=jnp.asarray(rng.standard_normal((groups, hidden, f1)) / np.sqrt(hidden), dtype),
+        w_fc2=jnp.asarray(rng.standard_normal((groups, ffn, hidden)) / np.sqrt(ffn), dtype),
+        norm_scale=None if norm is None else jnp.asarray(1 + 0.1 * rng.standard_normal(hidden), jnp.float32),
+        norm_bias=jnp.asarray(0.1 * rng.standard_normal(hidden), jnp.float32) if norm == "layernorm" else None,
+    )
+    return sizes, arrays
+
+
+def moe_params(rng, experts, hidden, ffn):
+    """float32 router [H, E] and swiglu experts w_fc1 [E, H, 2F], w_fc2 [E, F, H]."""
+    return dict(
+        router=jnp.asarray(rng.standard_normal((hidden, experts)) / np.sqrt(hidden), jnp.float32),
+        w_fc1=jnp.asarray(rng.standard_normal((experts, hidden, 2 * ffn)) / np.sqrt(hidden), jnp.float32),
+        w_fc2=jnp.asarray(rng.standard_normal((experts, ffn, hidden)) / np.sqrt(ffn), jnp.float32),
+    )

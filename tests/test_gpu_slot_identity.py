@@ -1,0 +1,175 @@
+"""Async mode's pinned slots under the ways XLA moves a handle: carried through lax.scan, stacked
+as scan outputs and consumed in reverse, rematerialised, donated, and 200 copies in flight (more
+than the ring's 64 slots). A slot is found by its handle's address (csrc/cuda/host_size_slots.h);
+the GPU checks every pinned read and redoes a stale one (csrc/cuda/host_sizes_guard.h).
+
+Every scenario compares its outputs with float64 and prints the counters. Under
+TE_ASYNC_VERIFY_HOST_SIZES=1 (tools/gpu_check.sh's test stage) every pinned read is also
+cross-checked on the host and a mismatch fails the call, so a passing run means no lookup found
+another copy's slot. test_stale_slot_is_repaired forces stale reads to show the repair."""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import te_async
+from helpers import TOL, on_gpu
+from reference import grouped_gemm_reference, mlp_reference, random_group_sizes, rel_error
+
+pytestmark = pytest.mark.gpu
+
+GROUPS, ROWS, K, N = 8, 96, 32, 24
+
+
+def operands(rng, count: int):
+    sizes = np.stack([random_group_sizes(rng, GROUPS, ROWS, "random") for _ in range(count)])
+    lhs = rng.standard_normal((count, ROWS, K)).astype(np.float32)
+    rhs = rng.standard_normal((GROUPS, K, N)).astype(np.float32)
+    return sizes, lhs, rhs
+
+
+def references(sizes, lhs, rhs) -> np.ndarray:
+    return np.stack([grouped_gemm_reference(a, rhs, s) for s, a in zip(sizes, lhs)])
+
+
+def gemm(lhs, rhs, handle, sizes):
+    return te_async.grouped_gemm(lhs, rhs, sizes, group_sizes_mode="async", host_group_sizes=handle)
+
+
+def run(name, fn, *args):
+    """fn(*args) on the GPU, with the counter deltas it caused (printed for the record)."""
+    before = te_async.host_size_stats()
+    out = jax.block_until_ready(fn(*map(on_gpu, args)))
+    after = te_async.host_size_stats()
+    delta = {k: after[k] - before[k] for k in after}
+    print(name, json.dumps(delta))
+    return out, delta
+
+
+def test_handle_carried_through_scan(rng):
+    """Each trip consumes the handle the previous trip made (a scan carry) and makes the next."""
+    sizes, lhs, rhs = operands(rng, 12)
+
+    def step(carry, xs):
+        s, a = xs
+        out = gemm(a, carry[1], carry[0], carry[2])
+        return (te_async.copy_group_sizes(s), carry[1], s), out
+
+    def f(sizes, lhs, rhs):
+        first = (te_async.copy_group_sizes(sizes[0]), rhs, sizes[0])
+        shifted = jnp.concatenate([sizes[1:], sizes[:1]])
+        return jax.lax.scan(step, first, (shifted, lhs))[1]
+
+    out, delta = run("scan carry", jax.jit(f), sizes, lhs, rhs)
+    assert rel_error(out, references(sizes, lhs, rhs)) < TOL[jnp.float32]
+    assert delta["copies"] == 13 and delta["repaired_reads"] == 0
+
+
+def test_stacked_handles_consumed_in_reverse(rng):
+    """A forward scan stacks its handles (as residuals are stacked); a second scan consumes them
+    last to first."""
+    sizes, lhs, rhs = operands(rng, 10)
+
+    def f(sizes, lhs, rhs):
+        handles = jax.lax.scan(lambda c, s: (c, te_async.copy_group_sizes(s)), None, sizes)[1]
+        body = lambda c, xs: (c, gemm(xs[1], rhs, xs[0], xs[2]))
+        return jax.lax.scan(body, None, (handles, lhs, sizes), reverse=True)[1]
+
+    out, delta = run("stacked, reversed", jax.jit(f), sizes, lhs, rhs)
+    assert rel_error(out, references(sizes, lhs, rhs)) < TOL[jnp.float32]
+    assert delta["copies"] == 10 and delta["repaired_reads"] == 0
+
+
+def test_rematerialised_copy(rng):
+    """jax.checkpoint runs the copy again in the backward; gradients of two async layers against
+    the float64 reference's."""
+    sizes = random_group_sizes(rng, GROUPS, ROWS, "skewed")
+    x = rng.standard_normal((ROWS, K)).astype(np.float32)
+    w_fc1 = (rng.standard_normal((GROUPS, K, 2 * N)) / np.sqrt(K)).astype(np.float32)
+    w_fc2 = (rng.standard_normal((GROUPS, N, K)) / np.sqrt(N)).astype(np.float32)
+
+    @jax.checkpoint
+    def layer(a, s, w1, w2):
+        return te_async.grouped_mlp(a, s, w1, w2, norm=None, group_sizes_mode="async",
+                                    host_group_sizes=te_async.copy_group_sizes(s))
+
+    loss = lambda a, s, w1, w2: jnp.sum(layer(layer(a, s, w1, w2), s, w1, w2) ** 2)
+    grads, delta = run("remat", jax.jit(jax.grad(loss, argnums=(0, 2, 3))), x, sizes, w_fc1, w_fc2)
+    ref = lambda a, w1, w2: mlp_reference(mlp_reference(a, sizes, w1, w2, norm=None), sizes, w1, w2, norm=None)
+    want = jax.grad(lambda a, w1, w2: jnp.sum(ref(a, w1, w2) ** 2), argnums=(0, 1, 2))(x, w_fc1, w_fc2)
+    for got, expected in zip(grads, want):
+        assert rel_error(got, expected) < 1e-4
+    assert delta["copies"] >= 2 and delta["repaired_reads"] == 0  # XLA may merge the two layers' copies (same sizes)
+
+
+def test_donated_handle(rng):
+    """The snapshot made in one jit and donated to another, whose output may reuse its buffer."""
+    sizes, lhs, rhs = operands(rng, 4)
+    consume = jax.jit(lambda h, a, b, s: (gemm(a, b, te_async.HostGroupSizes(h), s), h + 0), donate_argnums=(0,))
+    outs = []
+    before = te_async.host_size_stats()
+    for i in range(4):
+        handle = te_async.copy_group_sizes(on_gpu(sizes[i]))
+        out, _ = consume(handle.device_sizes, on_gpu(lhs[i]), on_gpu(rhs), on_gpu(sizes[i]))
+        outs.append(out)
+    jax.block_until_ready(outs)
+    print("donated", {k: v - before[k] for k, v in te_async.host_size_stats().items()})
+    assert rel_error(np.stack(outs), references(sizes, lhs, rhs)) < TOL[jnp.float32]
+
+
+def test_200_copies_in_flight(rng):
+    """200 copies before the first consumer: the ring holds 64, so the oldest handles find their
+    slots reissued and read synchronously (fallbacks); none reads another copy's sizes."""
+    sizes, lhs, rhs = operands(rng, 200)
+
+    def f(sizes, lhs, rhs):
+        handles = [te_async.copy_group_sizes(sizes[i]) for i in range(200)]
+        handles = jax.lax.optimization_barrier(handles)  # all copies are issued before any consumer
+        return jnp.stack([gemm(lhs[i], rhs, handles[i], sizes[i]) for i in reversed(range(200))][::-1])
+
+    out, delta = run("200 in flight", jax.jit(f), sizes, lhs, rhs)
+    assert rel_error(out, references(sizes, lhs, rhs)) < TOL[jnp.float32]
+    assert delta["copies"] == 200 and delta["repaired_reads"] == 0
+    assert delta["event_waits"] + delta["fallback_reads"] == 200 and delta["fallback_reads"] >= 200 - 64
+
+
+_REPAIR_CHILD = """
+import json, jax, jax.numpy as jnp, numpy as np, te_async
+rng = np.random.default_rng(0)
+out = {}
+for ragged, transpose_rhs, dtype in (("m", False, jnp.float32), ("m", True, jnp.bfloat16), ("k", False, jnp.float32)):
+    sizes = np.array([40, 0, 7, 1, 30, 0, 12, 6], np.int32)  # rotated by one group, every group moves
+    lhs = jnp.asarray(rng.standard_normal((96, 32)), dtype)
+    rhs = jnp.asarray(rng.standard_normal((96, 24) if ragged == "k" else ((8, 24, 32) if transpose_rhs else (8, 32, 24))), dtype)
+    f = jax.jit(lambda a, b, s: te_async.grouped_gemm(a, b, s, ragged=ragged, transpose_rhs=transpose_rhs, group_sizes_mode="async"))
+    y = f(lhs, rhs, jnp.asarray(sizes))
+    out[f"{ragged}{transpose_rhs}"] = dict(y=np.asarray(y, np.float64).tolist(), lhs=np.asarray(lhs, np.float64).tolist(),
+                                          rhs=np.asarray(rhs, np.float64).tolist(), sizes=sizes.tolist())
+out["stats"] = te_async.host_size_stats()
+print("RESULT" + json.dumps(out))
+"""
+
+
+def test_stale_slot_is_repaired():
+    """TE_ASYNC_DEBUG_ROTATE_PINNED_SIZES=1 serves every pinned read rotated by one group, as a
+    stale slot would: the GPU's check must catch each one and the outputs must still be right."""
+    env = dict(os.environ, TE_ASYNC_DEBUG_ROTATE_PINNED_SIZES="1", TE_ASYNC_VERIFY_HOST_SIZES="0",
+               XLA_PYTHON_CLIENT_PREALLOCATE="false")
+    proc = subprocess.run([sys.executable, "-P", "-c", _REPAIR_CHILD], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.split("RESULT", 1)[1])
+    stats = result.pop("stats")
+    print("repair", stats)
+    assert stats["event_waits"] == 3 and stats["repaired_reads"] == 3
+    for key, r in result.items():
+        ragged = key[0]
+        want = grouped_gemm_reference(np.array(r["lhs"]), np.array(r["rhs"]), np.array(r["sizes"]), ragged,
+                                      key.endswith("True"))
+        assert rel_error(np.array(r["y"]), want) < TOL[jnp.bfloat16], key
