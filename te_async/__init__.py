@@ -9,7 +9,7 @@ from .gemm import grouped_gemm
 from .group_sizes import GROUP_SIZES_MODES, HostGroupSizes, copy_group_sizes
 from .expert_parallel import moe_block_ep
 from .mlp import grouped_mlp
-from . import plan
+from . import models, plan
 
 __all__ = [
     "GROUP_SIZES_MODES",
@@ -20,6 +20,7 @@ __all__ = [
     "grouped_gemm",
     "grouped_mlp",
     "host_size_stats",
+    "models",
     "moe_block_ep",
     "plan",
     "size_errors",

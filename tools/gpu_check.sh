@@ -2,8 +2,8 @@
 # Builds te_async on the GPU machine (no registry access: the image's jax, nanobind and
 # scikit-build-core build it), runs the GPU tests and the benchmarks, and writes logs and
 # results under $OUT. Usage: tools/gpu_check.sh [stage ...], stages: build test sanitize example
-# layer prefill train decode-gemm decode cmdbuf profile ncu ncu-source stall ep (default: build test
-# example layer prefill train). Python runs with -P so that the installed package, not the source
+# layer prefill train decode-gemm decode generate cmdbuf profile ncu ncu-source stall ep (default: build
+# test example layer prefill train). Python runs with -P so that the installed package, not the source
 # folder, is imported. The CUTLASS kernels are built when an nvidia-cutlass wheel is carried in
 # .whl/ (the machine has no registry access; `pip download --no-deps nvidia-cutlass==4.2.0.0 -d
 # .whl`), unless WITH_CUTLASS=0. Results record the git commit of the current folder; where the
@@ -37,6 +37,7 @@ for stage in $stages; do
         run build python3 -m pip install --no-deps --force-reinstall "$PREBUILT"
         site=$(cd / && python3 -c "import te_async, os; print(os.path.dirname(te_async.__file__))")
         cp te_async/*.py "$site/" && cp te_async/bench/*.py "$site/bench/"
+        mkdir -p "$site/models" && cp te_async/models/*.py "$site/models/"
       else
         # The CUTLASS kernels' headers come from an nvidia-cutlass wheel carried in .whl/ (the
         # machine has no registry access); WITH_CUTLASS=0 builds without them.
@@ -74,12 +75,16 @@ for stage in $stages; do
         python3 -P -m pytest -q -p no:cacheprovider --rootdir=. tests/test_gpu_device_mode.py tests/test_gpu_size_errors.py \
         -k "odd_widths or clamped or prefill_like or (test_cutlass_kernel and 64)"
       tail -n 5 "$OUT/sanitize.log" ;;
-    example) run example python3 examples/moe_decode.py --steps 20; tail -n 5 "$OUT/example.log" ;;
+    example)
+      run example python3 examples/moe_decode.py --steps 20; tail -n 5 "$OUT/example.log"
+      run example_generate python3 examples/generate.py; tail -n 12 "$OUT/example_generate.log" ;;
     layer) run layer python3 -P -m te_async.bench layer --out "$OUT"; cat "$OUT/layer.md" ;;
     prefill) run prefill python3 -P -m te_async.bench prefill --out "$OUT" ${PREFILL_ARGS:-}; cat "$OUT/prefill.md" ;;
     train) run train python3 -P -m te_async.bench train --out "$OUT" ${TRAIN_ARGS:-}; cat "$OUT/train.md" ;;
     decode-gemm) run decode_gemm python3 -P -m te_async.bench decode-gemm --out "$OUT" ${DECODE_GEMM_ARGS:-}; cat "$OUT/decode_gemm.md" ;;
     decode) run decode python3 -P -m te_async.bench decode --out "$OUT" ${DECODE_ARGS:-}; cat "$OUT/decode.md" ;;
+    generate)  # whole-model greedy decode per mode; the CLI turns on command buffers during profiling
+      run generate python3 -P -m te_async.bench generate --out "$OUT" ${GENERATE_ARGS:-}; cat "$OUT/generate.md" ;;
     cmdbuf) run cmdbuf python3 -P tools/cmdbuf_probe.py --out "$OUT"; tail -n 40 "$OUT/cmdbuf.log" ;;
     profile)  # per-kernel GPU time and the gaps between kernels (CUPTI)
       run profile python3 -P tools/kernel_times.py ${PROFILE_ARGS:---batches 1 2 4 --prefill fc1 fc2}

@@ -18,6 +18,7 @@ BENCHMARKS = {
     "decode": "te_async.bench.decode",
     "decode-gemm": "te_async.bench.decode_gemm",
     "ep": "te_async.bench.ep",
+    "generate": "te_async.bench.generate",
 }
 
 
@@ -42,6 +43,8 @@ def main(argv=None) -> None:
         top.print_help()
         return
     args.out.mkdir(parents=True, exist_ok=True)
+    # Flags a benchmark needs from XLA (its XLA_FLAGS), set before environment() starts the backend.
+    timing.add_xla_flags(getattr(args.module, "XLA_FLAGS", ()))
     environment = timing.environment()
     result = {**args.module.run(args), "environment": environment}
     path = args.out / f"{args.benchmark}.json"

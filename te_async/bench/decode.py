@@ -29,13 +29,12 @@ import argparse
 import itertools
 import json
 import math
-import os
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import GROUP_SIZES_MODES, host_size_stats
+from .. import GROUP_SIZES_MODES
 from ..mlp import activate, normalize
 from ..moe import combine, moe_block, plan_dispatch, route_top_k
 from . import presets, timing, trace
@@ -53,8 +52,7 @@ RESULT_KEYS = (
     "active_experts", "busy_us", "idle_us", "idle_fraction", "n_host_syncs", "n_graph_launches",
     "n_kernels", "rel_error_vs_sync", "nohost_reads_bytes", "error",
 )
-PROFILE_KEYS = ("busy_us", "idle_us", "idle_fraction", "n_host_syncs", "n_graph_launches", "n_kernels")
-CMDBUF_FLAG = "--xla_enable_command_buffers_during_profiling=true"
+PROFILE_KEYS, CMDBUF_FLAG = timing.PROFILE_KEYS, timing.CMDBUF_FLAG
 ANNOTATION = "decode_step"
 NORM, ACTIVATION, EPS = "rmsnorm", "swiglu", 1e-6  # EPS is grouped_mlp's default, which moe_block uses
 N_INPUTS = 4  # rotated hidden states, so that routing (and so the group sizes) differs call to call
@@ -153,30 +151,10 @@ def _rel_error(y, ref):
     return float(np.linalg.norm(y - ref) / np.linalg.norm(ref))
 
 
-def _host_syncs() -> int:
-    stats = host_size_stats(0)
-    return stats["sync_reads"] + stats["fallback_reads"]
-
-
 def _profile(step, inputs, log_dir):
-    """Bubble figures of the median of PROFILED_STEPS steps, and that step's device window.
-
-    Host syncs per step come from te_async's own counters: the trace shows no
-    cudaStreamSynchronize (CUPTI records only cuLaunchHostFunc on the host there).
-    """
-    syncs_before = _host_syncs()
-    with jax.profiler.trace(str(log_dir), create_perfetto_trace=True):
-        for i in range(PROFILED_STEPS):
-            # Blocking inside each step keeps its kernels inside its own annotation.
-            with jax.profiler.StepTraceAnnotation(ANNOTATION, step_num=i):
-                jax.block_until_ready(step(*inputs[i % len(inputs)]))
-    syncs = (_host_syncs() - syncs_before) / PROFILED_STEPS
-    analysis = trace.analyze_trace(str(log_dir), annotation=ANNOTATION)
-    summary = analysis["summary"]
-    if summary["no_gpu_events"]:  # a CPU run: zeros here would read as "no bubble"
-        return dict.fromkeys(PROFILE_KEYS), None
-    s = analysis["steps"][summary["step"]]
-    return {**{k: summary[k] for k in PROFILE_KEYS}, "n_host_syncs": syncs}, (s["start_us"], s["end_us"])
+    """Bubble figures of the median of PROFILED_STEPS steps, and that step's device window."""
+    return timing.profile_steps(lambda i: step(*inputs[i % len(inputs)]), log_dir, steps=PROFILED_STEPS,
+                                annotation=ANNOTATION)
 
 
 def _measure(mode, batch, step_inputs, ref, model, args, profile, expert_bytes):
@@ -221,7 +199,9 @@ def markdown(results, modes, batches):
     return "\n".join(lines) + "\n"
 
 
-def plot_latency(results, modes, out_png):
+def plot_latency(results, modes, out_png, *, key="median_ms", xlabel="tokens per decode step (T)",
+                 ylabel="step latency, median (ms)", floor_label="floor (active expert bytes / HBM)", title=None):
+    """Latency (results' `key`) against batch, one line per mode, and the floor (`floor_ms`) dashed."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -229,16 +209,18 @@ def plot_latency(results, modes, out_png):
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for mode in modes:
-        pts = sorted((r["batch"], r["median_ms"]) for r in results if r["mode"] == mode and r["median_ms"] is not None)
+        pts = sorted((r["batch"], r[key]) for r in results if r["mode"] == mode and r[key] is not None)
         if pts:
             ax.plot(*zip(*pts), marker="o", label=mode)
     floor = sorted({(r["batch"], r["floor_ms"]) for r in results if r["floor_ms"] is not None})
     if floor:
-        ax.plot(*zip(*floor), "k--", label="floor (active expert bytes / HBM)")
+        ax.plot(*zip(*floor), "k--", label=floor_label)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    ax.set_xlabel("tokens per decode step (T)")
-    ax.set_ylabel("step latency, median (ms)")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if title:
+        ax.set_title(title, fontsize=9)
     ax.legend()
     ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
@@ -270,7 +252,7 @@ def add_arguments(parser):
 
 
 def run(args) -> dict:
-    cmdbuf = CMDBUF_FLAG in os.environ.get("XLA_FLAGS", "")
+    cmdbuf = timing.cmdbuf_during_profiling()
     if args.cmdbuf_during_profiling and not cmdbuf:
         raise SystemExit(f"--cmdbuf-during-profiling: run with XLA_FLAGS='{CMDBUF_FLAG}' set by the caller")
     gpu = jax.default_backend() == "gpu"

@@ -1,12 +1,35 @@
-"""The MoE models the benchmarks, tools and example are sized after, in one place.
+"""The MoE models the benchmarks, tools and examples are sized after, in one place.
 
-Shapes are each model's expert layers (from its published config): routed experts, hidden size,
-expert FFN size, experts per token and MoE layers. "tiny" is for trying things on a CPU.
+The real models' numbers live in te_async.models.presets (each model's published config.json):
+config(name) returns that te_async.models.Config, and PRESETS[name] is the expert-layer shape
+derived from it that the GEMM and layer benchmarks use: routed experts, hidden size, expert FFN
+size, experts per token and MoE layers. "tiny" is for trying things on a CPU: a DeepSeek-V2-Lite
+config shrunk to 8 experts of hidden 64, expert FFN 96, top-2 and 3 decoder layers (one dense, two
+MoE), small enough that every benchmark runs on a CPU in under a minute.
 """
 
 from typing import NamedTuple
 
 import jax
+
+from .. import models
+
+# The tiny model: overrides of DeepSeek-V2-Lite's config (MLA attention, shared experts, a dense
+# first layer, like the real one), sized for a CPU.
+TINY_OVERRIDES = dict(
+    vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+    num_key_value_heads=4, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+    num_experts=8, num_experts_per_tok=2, moe_intermediate_size=96, n_shared_experts=1,
+)
+TINY_BASE = "deepseek-v2-lite"
+GPU_DEFAULT, CPU_DEFAULT = "deepseek-v2-lite", "tiny"
+
+
+def config(name: str, **overrides) -> models.Config:
+    """The te_async.models.Config of a preset; overrides replace Config fields (e.g. num_hidden_layers=4)."""
+    if name == "tiny":
+        return models.preset(TINY_BASE, **{**TINY_OVERRIDES, **overrides})
+    return models.preset(name, **overrides)
 
 
 class Model(NamedTuple):
@@ -16,18 +39,20 @@ class Model(NamedTuple):
     top_k: int
     layers: int
 
+    @classmethod
+    def of(cls, config: models.Config) -> "Model":
+        """A model config's expert-layer shape; layers counts its MoE layers only."""
+        moe_layers = sum(map(config.is_moe_layer, range(config.num_hidden_layers)))
+        return cls(config.num_experts, config.hidden_size, config.moe_intermediate_size, config.num_experts_per_tok,
+                   moe_layers)
+
     def expert_bytes(self, dtype) -> int:
         """One expert's fc1 (swiglu: [hidden, 2 * ffn]) and fc2 ([ffn, hidden]) weights."""
         return 3 * self.hidden * self.ffn * jax.numpy.dtype(dtype).itemsize
 
 
-PRESETS = {
-    "deepseek-v2-lite": Model(64, 2048, 1408, 6, 26),
-    "mixtral-8x7b": Model(8, 4096, 14336, 2, 32),
-    "qwen3-30b-a3b": Model(128, 2048, 768, 8, 48),
-    "tiny": Model(8, 64, 96, 2, 2),
-}
-GPU_DEFAULT, CPU_DEFAULT = "deepseek-v2-lite", "tiny"
+NAMES = (*models.PUBLISHED, "tiny")
+PRESETS = {name: Model.of(config(name)) for name in NAMES}
 
 
 def add_argument(parser) -> None:
@@ -36,9 +61,14 @@ def add_argument(parser) -> None:
                         help=f"model shapes (default: {GPU_DEFAULT} on a GPU; elsewhere {CPU_DEFAULT}, small enough for a CPU)")
 
 
+def default_name(name=None) -> str:
+    """The preset asked for, or the backend's default."""
+    return name or (GPU_DEFAULT if jax.default_backend() == "gpu" else CPU_DEFAULT)
+
+
 def resolve(name=None) -> tuple:
     """(name, Model): the one asked for, or the backend's default."""
-    name = name or (GPU_DEFAULT if jax.default_backend() == "gpu" else CPU_DEFAULT)
+    name = default_name(name)
     return name, PRESETS[name]
 
 

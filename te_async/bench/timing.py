@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import jaxlib
 import numpy as np
 
-from .. import _ffi, cuda_extension_built
+from .. import _ffi, cuda_extension_built, host_size_stats
 from . import trace
 
 
@@ -77,6 +77,66 @@ def device_time_s(fn: Callable, inputs: Sequence[tuple], *, calls: int = 10) -> 
     """GPU seconds per call: `busy_s` of device_times."""
     times = device_times(fn, inputs, calls=calls)
     return None if times is None else times["busy_s"]
+
+
+CMDBUF_FLAG = "--xla_enable_command_buffers_during_profiling=true"
+PROFILE_KEYS = ("busy_us", "idle_us", "idle_fraction", "n_host_syncs", "n_graph_launches", "n_kernels")
+
+
+def cmdbuf_during_profiling() -> bool:
+    """Whether XLA_FLAGS asks XLA to keep its command buffers (CUDA graphs) while profiling. Without
+    it a profiled step runs without graphs, so its GPU idle is no longer that of the timed step."""
+    return CMDBUF_FLAG in os.environ.get("XLA_FLAGS", "")
+
+
+def add_xla_flags(flags: Sequence[str]) -> bool:
+    """Appends to XLA_FLAGS each of `flags` whose name (before "=") it does not set yet, where the
+    backend has not started (XLA reads its flags once, then); an explicit setting is kept. Returns
+    whether the backend had not started."""
+    try:
+        from jax._src import xla_bridge
+        started = xla_bridge.backends_are_initialized()
+    except (ImportError, AttributeError):
+        started = True  # cannot tell: leave XLA_FLAGS as it is
+    if started:
+        return False
+    current = os.environ.get("XLA_FLAGS", "")
+    missing = [f for f in flags if f.split("=")[0] not in current]
+    if missing:
+        os.environ["XLA_FLAGS"] = " ".join([current, *missing]).strip()
+    return True
+
+
+def host_syncs(device: int = 0) -> int:
+    """te_async's count of synchronous group-sizes reads on `device` so far (sync reads and async
+    fallbacks). A GPU trace shows no cudaStreamSynchronize for them (CUPTI records only
+    cuLaunchHostFunc on the host there), so a step's host syncs come from these counters."""
+    stats = host_size_stats(device)
+    return stats["sync_reads"] + stats["fallback_reads"]
+
+
+def profile_steps(run_step: Callable[[int], object], log_dir, *, steps: int = 3, annotation: str = "step") -> tuple:
+    """Bubble figures of the median of `steps` profiled steps, and that step's device window.
+
+    run_step(i) runs step i and returns what to block on; each step runs inside its own
+    StepTraceAnnotation and is blocked on there, so its kernels stay inside its annotation.
+    Returns (fields, window): fields maps PROFILE_KEYS to that step's figures (n_host_syncs from
+    te_async's counters, per step); window is its (start_us, end_us) on the trace's clock, for
+    trace.timeline_intervals. On a backend without GPU events (the CPU) every field is None and
+    the window is None: zeros would read as "no bubble".
+    """
+    syncs_before = host_syncs()
+    with jax.profiler.trace(str(log_dir), create_perfetto_trace=True):
+        for i in range(steps):
+            with jax.profiler.StepTraceAnnotation(annotation, step_num=i):
+                jax.block_until_ready(run_step(i))
+    syncs = (host_syncs() - syncs_before) / steps
+    analysis = trace.analyze_trace(str(log_dir), annotation=annotation)
+    summary = analysis["summary"]
+    if summary["no_gpu_events"]:
+        return dict.fromkeys(PROFILE_KEYS), None
+    s = analysis["steps"][summary["step"]]
+    return {**{k: summary[k] for k in PROFILE_KEYS}, "n_host_syncs": syncs}, (s["start_us"], s["end_us"])
 
 
 def hbm_bandwidth(gib: Optional[float] = None) -> float:

@@ -1,0 +1,45 @@
+"""MoE decoder-only transformers (Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-V2) as pure JAX functions
+over a params pytree, with the routed experts through te_async.grouped_mlp.
+
+    params, config = load_hf(path)                       # a local Hugging Face checkpoint
+    logits = forward(params, config, tokens)             # [B, S] -> [B, S, V] float32
+    tokens = generate(params, config, prompt, 32)        # greedy, KV cache
+    cache = init_cache(config, batch, max_len, dtype)    # the pieces generate is made of
+    logits, cache = prefill(params, config, cache, prompt)
+    logits, cache = decode_step(params, config, cache, token, position)
+    config = preset("deepseek-v2-lite", num_hidden_layers=2); params = init_params(config, key)
+    decode_bytes(config, batch, context_len, active_experts)   # for a bandwidth floor
+
+Files: config.py (Config from config.json), presets.py, params.py (pytree layout, init), hf.py
+(loading), norm.py, rope.py, attention.py (grouped-query), mla.py (DeepSeek latent attention),
+cache.py, ffn.py (dense SwiGLU), routing.py, moe_layer.py (MoE block), model.py (forward, prefill,
+decode_step, generate), cost.py (decode_bytes).
+"""
+
+from .cache import init_cache
+from .config import MODEL_TYPES, Config, YarnScaling, from_hf_dict
+from .cost import decode_bytes
+from .hf import load_hf
+from .model import decode_step, forward, generate, prefill
+from .moe_layer import EXPERTS
+from .params import init_params, param_shapes
+from .presets import PUBLISHED, preset
+
+__all__ = [
+    "EXPERTS",
+    "MODEL_TYPES",
+    "PUBLISHED",
+    "Config",
+    "YarnScaling",
+    "decode_bytes",
+    "decode_step",
+    "forward",
+    "from_hf_dict",
+    "generate",
+    "init_cache",
+    "init_params",
+    "load_hf",
+    "param_shapes",
+    "prefill",
+    "preset",
+]

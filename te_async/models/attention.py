@@ -1,0 +1,76 @@
+"""Grouped-query attention (Mixtral, Qwen2-MoE, Qwen3-MoE) with a preallocated KV cache.
+
+Called two ways. `position=None`: a whole sequence from position 0 (forward, prefill), attending to
+its own keys; with a cache, the keys and values are also written at 0. `position` set: new tokens
+at `position` (decode); their keys and values are written into the cache there and the queries
+attend to the whole cache, masked to the positions before them. The cache holds k (after q/k norm
+and rope) and v, [B, max_len, kv_heads, head_dim] each.
+"""
+
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+
+from .norm import rms_norm
+from .rope import apply_rope
+
+
+def linear(x: jax.Array, w: jax.Array, b: Optional[jax.Array] = None) -> jax.Array:
+    """x @ w (+ b) with float32 accumulation, in x's dtype; w is [in, out]."""
+    y = jnp.einsum("...i,io->...o", x, w, preferred_element_type=jnp.float32)
+    if b is not None:
+        y = y + b.astype(jnp.float32)
+    return y.astype(x.dtype)
+
+
+def causal_mask(q_pos: jax.Array, k_pos: jax.Array, window: Optional[int]) -> jax.Array:
+    """bool [S, L]: key j is visible to query i (transformers' sliding window: q - k < window)."""
+    mask = k_pos[None, :] <= q_pos[:, None]
+    if window is not None:
+        mask &= k_pos[None, :] > q_pos[:, None] - window
+    return mask
+
+
+def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float) -> jax.Array:
+    """Softmax attention, q [B,S,H,d], k [B,L,Hkv,d], v [B,L,Hkv,dv] -> [B,S,H,dv]; the H query
+    heads share the Hkv key heads in groups (repeat_kv). Scores and softmax in float32."""
+    b, s, h, d = q.shape
+    hkv = k.shape[2]
+    qg = q.reshape(b, s, hkv, h // hkv, d)
+    scores = jnp.einsum("bsngd,blnd->bngsl", qg, k, preferred_element_type=jnp.float32) * scale
+    scores = jnp.where(mask, scores, -jnp.inf)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    out = jnp.einsum("bngsl,blnd->bsngd", probs, v, preferred_element_type=jnp.float32).astype(v.dtype)
+    return out.reshape(b, s, h, v.shape[-1])
+
+
+def write(cache_array: jax.Array, new: jax.Array, position) -> jax.Array:
+    """new [B, S, ...] into cache_array [B, max_len, ...] at `position` along axis 1."""
+    zero = jnp.zeros((), jnp.int32)
+    start = (zero, jnp.asarray(position, jnp.int32)) + (zero,) * (cache_array.ndim - 2)
+    return jax.lax.dynamic_update_slice(cache_array, new.astype(cache_array.dtype), start)
+
+
+def gqa_attention(p: dict, cfg, x: jax.Array, cos: jax.Array, sin: jax.Array, cache: Optional[dict],
+                  position, window: Optional[int]) -> tuple:
+    """(output [B,S,hidden], cache) for x [B,S,hidden]; see the module docstring."""
+    b, s, _ = x.shape
+    q = linear(x, p["wq"], p.get("bq")).reshape(b, s, cfg.num_attention_heads, cfg.head_dim)
+    k = linear(x, p["wk"], p.get("bk")).reshape(b, s, cfg.num_key_value_heads, cfg.head_dim)
+    v = linear(x, p["wv"], p.get("bv")).reshape(b, s, cfg.num_key_value_heads, cfg.head_dim)
+    if cfg.qk_norm:
+        q, k = rms_norm(q, p["q_norm"], cfg.rms_norm_eps), rms_norm(k, p["k_norm"], cfg.rms_norm_eps)
+    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    scale = cfg.head_dim ** -0.5
+    if position is None:
+        pos = jnp.arange(s, dtype=jnp.int32)
+        out = attend(q, k, v, causal_mask(pos, pos, window), scale)
+        if cache is not None:
+            cache = {"k": write(cache["k"], k, 0), "v": write(cache["v"], v, 0)}
+    else:
+        cache = {"k": write(cache["k"], k, position), "v": write(cache["v"], v, position)}
+        q_pos = position + jnp.arange(s, dtype=jnp.int32)
+        k_pos = jnp.arange(cache["k"].shape[1], dtype=jnp.int32)
+        out = attend(q, cache["k"], cache["v"], causal_mask(q_pos, k_pos, window), scale)
+    return linear(out.reshape(b, s, -1), p["wo"], p.get("bo")), cache

@@ -1,0 +1,48 @@
+"""decode_bytes: the bytes one decode step must read, for a bandwidth floor (bytes / HBM read rate)."""
+
+from typing import Sequence, Union
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .cache import cache_shapes
+from .params import param_shapes
+
+
+def _nbytes(tree) -> int:
+    return sum(int(np.prod(s.shape)) * jnp.dtype(s.dtype).itemsize for s in jax.tree_util.tree_leaves(tree))
+
+
+def decode_bytes(config, batch: int, context_len: int, active_experts: Union[int, Sequence[int]], *,
+                 dtype=jnp.bfloat16, cache_dtype=None) -> int:
+    """Bytes a decode step of `batch` tokens must read at context length `context_len` (the cached
+    tokens attended to, the new one included): per layer the attention weights, norms, dense MLP,
+    router, shared experts and the `active_experts` routed experts the step's routing touches (an int
+    for every MoE layer, or one per MoE layer; at most min(num_experts, batch * top_k)), the KV
+    cache up to context_len (cache_dtype, default dtype; MLA: the latent and the rope key), one
+    embedding row per token, the final norm and the LM head. Weights in `dtype`, routers in float32
+    (params.py). A step as decode_step runs it reads the whole max_len cache, masked: this is the floor.
+    """
+    for name, value in (("batch", batch), ("context_len", context_len)):
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    shapes = param_shapes(config, dtype)
+    moe_layers = [i for i, layer in enumerate(shapes["layers"]) if "moe" in layer]
+    active = [active_experts] * len(moe_layers) if np.ndim(active_experts) == 0 else list(active_experts)
+    if len(active) != len(moe_layers):
+        raise ValueError(f"active_experts has {len(active)} entries for {len(moe_layers)} MoE layers")
+    limit = min(config.num_experts, batch * config.num_experts_per_tok)
+    if any(not 0 < a <= limit for a in active):
+        raise ValueError(f"active experts per layer must be in [1, {limit}] at batch {batch}, got {active}")
+    total = sum(_nbytes({k: v for k, v in layer.items() if k != "moe"}) for layer in shapes["layers"])
+    for i, a in zip(moe_layers, active):
+        moe = dict(shapes["layers"][i]["moe"])
+        experts = _nbytes({"w_fc1": moe.pop("w_fc1"), "w_fc2": moe.pop("w_fc2")})
+        total += _nbytes(moe) + experts * a // config.num_experts
+    cache_item = jnp.dtype(cache_dtype or dtype).itemsize
+    per_token = sum(int(np.prod(s[2:])) for layer in cache_shapes(config, 1, 1) for s in layer.values())
+    total += batch * context_len * per_token * cache_item
+    row = config.hidden_size * jnp.dtype(dtype).itemsize
+    total += batch * row + _nbytes(shapes["final_norm"]) + _nbytes(shapes.get("lm_head", shapes["embed"]))
+    return total

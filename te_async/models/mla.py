@@ -1,0 +1,83 @@
+"""DeepSeek-V2 multi-head latent attention (transformers' DeepseekV2Attention, 5.24).
+
+Queries come from q_proj, or from q_a_proj -> RMSNorm -> q_b_proj when q_lora_rank is set; each
+head splits into a no-rope part and a rope part. Keys and values come from one compressed latent:
+kv_a_proj_with_mqa gives [c | k_pe]; c goes through kv_a_layernorm and kv_b_proj into per-head
+k_nope and v, while k_pe, one rope key shared by every head, is rotated. The softmax scale is
+qk_head_dim^-0.5, times YaRN's mscale(factor, mscale_all_dim)^2 when the rope is scaled.
+
+The KV cache holds what decode needs and no more: the normalised latent c [B, max_len,
+kv_lora_rank] and the rotated k_pe [B, max_len, qk_rope_head_dim], 576 values per token for
+DeepSeek-V2-Lite against 16 * (192 + 128) = 5120 for the expanded keys and values. Decode never
+expands the cache: kv_b_proj is absorbed into the query and the output (q_nope . W_uk c =
+(q_nope W_uk) . c, and p (c W_uv) = (p c) W_uv), so a step reads the cache once and multiplies
+by kv_b_proj once per new token instead of once per cached token. A whole sequence (forward,
+prefill) takes the expanded path, as transformers does, which costs fewer FLOPs there.
+"""
+
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+
+from .attention import attend, causal_mask, linear, write
+from .config import yarn_mscale
+from .norm import rms_norm
+from .rope import apply_rope, interleaved_to_half
+
+LATENT_NORM_EPS = 1e-6  # q_a_layernorm and kv_a_layernorm use the RMSNorm default, not rms_norm_eps
+
+
+def softmax_scale(cfg) -> float:
+    scale = (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim) ** -0.5
+    if cfg.rope_scaling is not None and cfg.rope_scaling.mscale_all_dim:
+        scale *= yarn_mscale(cfg.rope_scaling.factor, cfg.rope_scaling.mscale_all_dim) ** 2
+    return scale
+
+
+def _rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    return apply_rope(interleaved_to_half(x), cos, sin)
+
+
+def mla_attention(p: dict, cfg, x: jax.Array, cos: jax.Array, sin: jax.Array, cache: Optional[dict],
+                  position, window: Optional[int] = None) -> tuple:
+    """(output [B,S,hidden], cache) for x [B,S,hidden]; `position` as in attention.gqa_attention."""
+    b, s, _ = x.shape
+    heads, nope, rope_dim, vdim = cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
+    if cfg.q_lora_rank is None:
+        q = linear(x, p["wq"])
+    else:
+        q = linear(rms_norm(linear(x, p["wq_a"], p.get("bq_a")), p["q_a_norm"], LATENT_NORM_EPS), p["wq_b"])
+    q = q.reshape(b, s, heads, nope + rope_dim)
+    q_nope, q_pe = q[..., :nope], _rope(q[..., nope:], cos, sin)
+    ckv = linear(x, p["wkv_a"], p.get("bkv_a"))
+    c = rms_norm(ckv[..., :cfg.kv_lora_rank], p["kv_a_norm"], LATENT_NORM_EPS)
+    k_pe = _rope(ckv[..., None, cfg.kv_lora_rank:], cos, sin)[:, :, 0]  # [B, S, rope_dim]
+    w_kv = p["wkv_b"].reshape(cfg.kv_lora_rank, heads, nope + vdim)
+    scale = softmax_scale(cfg)
+    if position is None:
+        kv = jnp.einsum("bsr,rhd->bshd", c, w_kv, preferred_element_type=jnp.float32).astype(x.dtype)
+        k = jnp.concatenate([kv[..., :nope], jnp.broadcast_to(k_pe[:, :, None], (b, s, heads, rope_dim))], axis=-1)
+        pos = jnp.arange(s, dtype=jnp.int32)
+        out = attend(jnp.concatenate([q_nope, q_pe], axis=-1), k, kv[..., nope:], causal_mask(pos, pos, window), scale)
+        if cache is not None:
+            cache = {"ckv": write(cache["ckv"], c, 0), "kpe": write(cache["kpe"], k_pe, 0)}
+    else:
+        cache = {"ckv": write(cache["ckv"], c, position), "kpe": write(cache["kpe"], k_pe, position)}
+        out = _absorbed(q_nope, q_pe, w_kv, cache, position, window, scale, nope)
+    return linear(out.reshape(b, s, heads * vdim), p["wo"], p.get("bo")), cache
+
+
+def _absorbed(q_nope, q_pe, w_kv, cache, position, window, scale, nope) -> jax.Array:
+    """Attention straight over the compressed cache: [B,S,heads,v_head_dim]."""
+    f32 = jnp.float32
+    dtype = q_nope.dtype
+    q_latent = jnp.einsum("bshd,rhd->bshr", q_nope, w_kv[..., :nope], preferred_element_type=f32).astype(dtype)
+    scores = (jnp.einsum("bshr,blr->bshl", q_latent, cache["ckv"], preferred_element_type=f32)
+              + jnp.einsum("bshd,bld->bshl", q_pe, cache["kpe"], preferred_element_type=f32)) * scale
+    q_pos = position + jnp.arange(q_nope.shape[1], dtype=jnp.int32)
+    k_pos = jnp.arange(cache["ckv"].shape[1], dtype=jnp.int32)
+    scores = jnp.where(causal_mask(q_pos, k_pos, window)[None, :, None, :], scores, -jnp.inf)
+    probs = jax.nn.softmax(scores, axis=-1).astype(cache["ckv"].dtype)
+    out_latent = jnp.einsum("bshl,blr->bshr", probs, cache["ckv"], preferred_element_type=f32).astype(dtype)
+    return jnp.einsum("bshr,rhd->bshd", out_latent, w_kv[..., nope:], preferred_element_type=f32).astype(dtype)

@@ -1,0 +1,81 @@
+"""The MoE block of a decoder layer: route, sort the tokens by expert, run the routed experts
+(te_async.grouped_mlp, or jax.lax.ragged_dot for comparison), combine, add the shared experts.
+
+Async mode issues te_async.copy_group_sizes right after routing, then the work that does not need
+the sizes (the shared experts and the token permutation), then the grouped GEMMs, whose launch
+waits for the copy: the GPU runs the shared experts while the host waits. Two
+jax.lax.optimization_barrier calls hold that order in the compiled program: one on (handle, x),
+so that the shared experts and the permutation read an x that exists only once the copy is
+issued; one on (shared experts' output, permuted rows), so that the grouped GEMMs read rows that
+exist only once the shared experts are enqueued. The handle goes to grouped_mlp as host_group_sizes.
+
+To check the order: in the GPU's scheduled HLO, `jax.jit(f).lower(...).compile().as_text()`,
+each layer's custom call `te_async_copy_group_sizes` comes first, then the instructions whose
+metadata op_name contains `shared_experts` and `routed_experts/gather`, then the
+`te_async_grouped_gemm` calls; a GPU profile (jax.profiler.trace) shows the same order of the
+copy's memcpy and the kernels. XLA's GPU pipeline removes the barriers only after scheduling;
+its CPU pipeline removes them before, so on the CPU check the jaxpr instead (tests/test_models.py).
+"""
+
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+
+from ..group_sizes import copy_group_sizes
+from ..mlp import activate, grouped_mlp, resolve_mlp_mode
+from ..moe import combine, plan_dispatch
+from .ffn import swiglu_mlp
+from .routing import route
+
+EXPERTS = ("te_async", "ragged_dot")
+
+
+def check_experts(experts: str, group_sizes_mode: Optional[str]) -> None:
+    if experts not in EXPERTS:
+        raise ValueError(f"experts must be one of {EXPERTS}, got {experts!r}")
+    if experts == "ragged_dot" and group_sizes_mode is not None:
+        raise ValueError(f"group_sizes_mode={group_sizes_mode!r} applies to experts='te_async', not 'ragged_dot'")
+
+
+def _ragged_dot_experts(x: jax.Array, group_sizes: jax.Array, w_fc1: jax.Array, w_fc2: jax.Array) -> jax.Array:
+    """grouped_mlp's math (swiglu, float32 accumulation, x's dtype between GEMMs) in plain JAX."""
+    h = jax.lax.ragged_dot(x, w_fc1, group_sizes, preferred_element_type=jnp.float32).astype(x.dtype)
+    a = activate(h, "swiglu")
+    return jax.lax.ragged_dot(a, w_fc2, group_sizes, preferred_element_type=jnp.float32).astype(x.dtype)
+
+
+def moe_block(p: dict, cfg, x: jax.Array, *, group_sizes_mode: Optional[str], experts: str) -> jax.Array:
+    """x [..., H], the post-attention RMSNorm's output, -> the block's output, same shape."""
+    shape = x.shape
+    x = x.reshape(-1, shape[-1])
+    with jax.named_scope("router"):
+        routing = route(x, p["router"], cfg)
+        dispatch = plan_dispatch(routing.experts, cfg.num_experts)
+    handle = None
+    if experts == "te_async":
+        mode = resolve_mlp_mode(group_sizes_mode, False, None, groups=cfg.num_experts,
+                                rows=x.shape[0] * cfg.num_experts_per_tok, w_fc1=p["w_fc1"], w_fc2=p["w_fc2"])
+        if mode == "async":
+            handle = copy_group_sizes(dispatch.group_sizes)
+            handle, x = jax.lax.optimization_barrier((handle, x))
+    shared = None
+    if cfg.shared_intermediate_size:
+        with jax.named_scope("shared_experts"):
+            shared = swiglu_mlp(p["shared"], x)
+            if cfg.shared_expert_gate:
+                gate = jnp.dot(x, p["shared_gate"], preferred_element_type=jnp.float32)
+                shared = (jax.nn.sigmoid(gate) * shared.astype(jnp.float32)).astype(x.dtype)
+    with jax.named_scope("routed_experts"):
+        rows = x[dispatch.token_of_row]
+        if handle is not None and shared is not None:
+            shared, rows = jax.lax.optimization_barrier((shared, rows))
+        if experts == "te_async":
+            y_rows = grouped_mlp(rows, dispatch.group_sizes, p["w_fc1"], p["w_fc2"], norm=None, activation="swiglu",
+                                 group_sizes_mode=mode, host_group_sizes=handle)
+        else:
+            y_rows = _ragged_dot_experts(rows, dispatch.group_sizes, p["w_fc1"], p["w_fc2"])
+        y = combine(y_rows, dispatch, routing.weights)
+    if shared is not None:
+        y = y + shared
+    return y.reshape(shape)

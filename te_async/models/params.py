@@ -1,0 +1,113 @@
+"""The params pytree: its shapes for a config (one source for init_params, the checkpoint loader's
+checks and decode_bytes), and random params of those shapes.
+
+Layout: {"embed" [V,H], "final_norm" [H], "lm_head" [V,H] (absent when tied to embed),
+"layers": [per layer {"attn_norm", "mlp_norm", "attn": {...}, and "mlp" (dense) or "moe"}]}.
+Linear weights are [in, out]. The routed experts are "w_fc1" [E,H,2F] as [gate | up] and "w_fc2"
+[E,F,H], grouped_mlp's layout. Routers are float32 whatever the model's dtype: routing decisions
+are sensitive, and DeepSeek-V2 keeps its gate in float32 (transformers' _keep_in_fp32_modules).
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+ROUTER_DTYPE = jnp.float32
+
+
+def _attention_shapes(c) -> dict:
+    h = c.hidden_size
+    if c.is_mla:
+        heads, qk = c.num_attention_heads, c.qk_nope_head_dim + c.qk_rope_head_dim
+        if c.q_lora_rank is None:
+            s = {"wq": (h, heads * qk)}
+        else:
+            s = {"wq_a": (h, c.q_lora_rank), "q_a_norm": (c.q_lora_rank,), "wq_b": (c.q_lora_rank, heads * qk)}
+            if c.qkv_bias:
+                s["bq_a"] = (c.q_lora_rank,)
+        s.update(wkv_a=(h, c.kv_lora_rank + c.qk_rope_head_dim), kv_a_norm=(c.kv_lora_rank,),
+                 wkv_b=(c.kv_lora_rank, heads * (c.qk_nope_head_dim + c.v_head_dim)), wo=(heads * c.v_head_dim, h))
+        if c.qkv_bias:
+            s["bkv_a"] = (c.kv_lora_rank + c.qk_rope_head_dim,)
+    else:
+        q, kv = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+        s = {"wq": (h, q), "wk": (h, kv), "wv": (h, kv), "wo": (q, h)}
+        if c.qkv_bias:
+            s.update(bq=(q,), bk=(kv,), bv=(kv,))
+        if c.qk_norm:
+            s.update(q_norm=(c.head_dim,), k_norm=(c.head_dim,))
+    if c.o_bias:
+        s["bo"] = (h,)
+    return s
+
+
+def _mlp_shapes(hidden: int, ffn: int) -> dict:
+    return {"w_gate_up": (hidden, 2 * ffn), "w_down": (ffn, hidden)}
+
+
+def _moe_shapes(c) -> dict:
+    h, e, f = c.hidden_size, c.num_experts, c.moe_intermediate_size
+    s = {"router": (h, e), "w_fc1": (e, h, 2 * f), "w_fc2": (e, f, h)}
+    if c.shared_intermediate_size:
+        s["shared"] = _mlp_shapes(h, c.shared_intermediate_size)
+        if c.shared_expert_gate:
+            s["shared_gate"] = (h, 1)
+    return s
+
+
+def param_shapes(config, dtype=jnp.bfloat16) -> dict:
+    """The params pytree with jax.ShapeDtypeStruct leaves."""
+    c = config
+    layers = []
+    for i in range(c.num_hidden_layers):
+        layer = {"attn_norm": (c.hidden_size,), "mlp_norm": (c.hidden_size,), "attn": _attention_shapes(c)}
+        if c.is_moe_layer(i):
+            layer["moe"] = _moe_shapes(c)
+        else:
+            layer["mlp"] = _mlp_shapes(c.hidden_size, c.intermediate_size)
+        layers.append(layer)
+    tree = {"embed": (c.vocab_size, c.hidden_size), "final_norm": (c.hidden_size,), "layers": layers}
+    if not c.tie_word_embeddings:
+        tree["lm_head"] = (c.vocab_size, c.hidden_size)
+
+    def leaf(path, shape):
+        name = path[-1].key
+        return jax.ShapeDtypeStruct(shape, ROUTER_DTYPE if name == "router" else dtype)
+
+    return jax.tree_util.tree_map_with_path(leaf, tree, is_leaf=lambda x: isinstance(x, tuple))
+
+
+@functools.partial(jax.jit, static_argnames=("config", "dtype"))
+def init_params(config, key: jax.Array, dtype=jnp.bfloat16) -> dict:
+    """Random params of the config's real sizes: weights normal(0, initializer_range), norms 1,
+    biases 0, as transformers initialises. One jitted program, made on the device;
+    jax.eval_shape(init_params, config, key) allocates nothing."""
+    shapes = param_shapes(config, dtype)
+    paths, treedef = jax.tree_util.tree_flatten_with_path(shapes)
+    keys = jax.random.split(key, len(paths))
+
+    def make(path, s, k):
+        name = path[-1].key
+        if name.endswith("norm"):
+            return jnp.ones(s.shape, s.dtype)
+        if name.startswith("b"):
+            return jnp.zeros(s.shape, s.dtype)
+        return jax.random.normal(k, s.shape, s.dtype) * jnp.asarray(config.initializer_range, s.dtype)
+
+    return jax.tree_util.tree_unflatten(treedef, [make(p, s, k) for (p, s), k in zip(paths, keys)])
+
+
+def check_params(params, config) -> None:
+    """Raises ValueError naming the first leaf whose presence or shape disagrees with the config."""
+    want = jax.tree_util.tree_flatten_with_path(param_shapes(config))[0]
+    got = dict(jax.tree_util.tree_flatten_with_path(params)[0])
+    for path, s in want:
+        name = jax.tree_util.keystr(path)
+        if path not in got:
+            raise ValueError(f"params{name} is missing for this {config.model_type} config")
+        if jnp.shape(got[path]) != s.shape:
+            raise ValueError(f"params{name} has shape {jnp.shape(got[path])}, the config needs {s.shape}")
+    if len(got) != len(want):
+        extra = sorted(jax.tree_util.keystr(p) for p in set(got) - {p for p, _ in want})
+        raise ValueError(f"params has leaves this config does not use: {', '.join(extra[:5])}")

@@ -1,0 +1,382 @@
+"""te_async.models on tiny configs of each model type (CPU, float32): the cached decode path
+against the full forward, the group-sizes modes and ragged_dot against each other, the MoE block
+against a float64 reference, load_hf round trips in both expert layouts, bad input, the presets'
+shapes and decode_bytes. Parity with transformers itself is tests/test_models_hf_parity.py's."""
+
+import dataclasses
+import json
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import te_async.models as models
+from reference import rel_error
+from te_async.models.mla import softmax_scale
+from te_async.models.moe_layer import moe_block
+
+TINY = {
+    "mixtral": dict(model_type="mixtral", vocab_size=61, hidden_size=32, intermediate_size=24, num_hidden_layers=1,
+                    num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
+                    sliding_window=5),
+    "qwen2_moe": dict(model_type="qwen2_moe", vocab_size=61, hidden_size=32, intermediate_size=40, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, num_experts=6, num_experts_per_tok=2,
+                      moe_intermediate_size=16, shared_expert_intermediate_size=24, mlp_only_layers=[0],
+                      tie_word_embeddings=True),
+    "qwen3_moe": dict(model_type="qwen3_moe", vocab_size=61, hidden_size=32, intermediate_size=40, num_hidden_layers=1,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=8, num_experts_per_tok=3,
+                      moe_intermediate_size=16, norm_topk_prob=True),
+    "deepseek_v2": dict(model_type="deepseek_v2", vocab_size=61, hidden_size=32, intermediate_size=40,
+                        num_hidden_layers=2, num_attention_heads=4, q_lora_rank=12, kv_lora_rank=16,
+                        qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8, n_routed_experts=8, num_experts_per_tok=3,
+                        moe_intermediate_size=16, n_shared_experts=1, first_k_dense_replace=1, attention_bias=True,
+                        topk_method="group_limited_greedy", n_group=4, topk_group=2, routed_scaling_factor=1.5,
+                        max_position_embeddings=256,
+                        rope_scaling=dict(type="yarn", factor=8, original_max_position_embeddings=32, mscale=0.707,
+                                          mscale_all_dim=0.707)),
+}
+TYPES = list(TINY)
+PROMPT, TOTAL = 5, 9  # prefill 5 tokens, decode 4 more, against a 9-token forward
+
+
+@pytest.fixture(scope="module", autouse=True)
+def float32_matmuls():
+    """Full float32 dots on every backend (GPUs default to TF32), for the 1e-5 comparisons."""
+    with jax.default_matmul_precision("float32"):
+        yield
+
+
+def tiny(kind, **kw):
+    return models.from_hf_dict({**TINY[kind], **kw})
+
+
+def random_params(config, seed=0):
+    """float32 params of the config's shapes, every leaf random (norms around 1) so that each one matters."""
+    rng = np.random.default_rng(seed)
+    paths, treedef = jax.tree_util.tree_flatten_with_path(models.param_shapes(config, jnp.float32))
+    leaves = [(path[-1].key.endswith("norm")) + 0.3 * rng.standard_normal(s.shape) for path, s in paths]
+    return jax.tree_util.tree_unflatten(treedef, [jnp.asarray(x, jnp.float32) for x in leaves])
+
+
+@pytest.fixture(scope="module", params=TYPES)
+def model(request):
+    config = tiny(request.param)
+    tokens = np.random.default_rng(7).integers(0, config.vocab_size, (2, TOTAL)).astype(np.int32)
+    params = random_params(config)
+    return config, params, tokens, np.asarray(models.forward(params, config, tokens))
+
+
+def test_prefill_and_decode_match_forward(model):
+    config, params, tokens, full = model
+    cache = models.init_cache(config, 2, TOTAL + 1, jnp.float32)
+    logits, cache = models.prefill(params, config, cache, tokens[:, :PROMPT])
+    assert logits.dtype == jnp.float32 and logits.shape == (2, config.vocab_size)
+    assert rel_error(logits, full[:, PROMPT - 1]) < 1e-5
+    for i in range(PROMPT, TOTAL):
+        logits, cache = models.decode_step(params, config, cache, jnp.asarray(tokens[:, i:i + 1]), i)
+        assert rel_error(logits, full[:, i]) < 1e-5, i
+
+
+def test_generate_is_greedy_over_forward(model):
+    config, params, tokens, full = model
+    out = np.asarray(models.generate(params, config, tokens[:, :PROMPT], TOTAL - PROMPT, max_len=TOTAL + 1))
+    assert out.shape == (2, TOTAL) and (out[:, :PROMPT] == tokens[:, :PROMPT]).all()
+    again = np.asarray(models.forward(params, config, out))
+    assert (out[:, PROMPT:] == again[:, PROMPT - 1:-1].argmax(-1)).all()
+
+
+def _moe_reference(p, config, x):
+    """The MoE block in float64 numpy, one token and one expert at a time."""
+    p = jax.tree_util.tree_map(lambda a: np.asarray(a, np.float64), p)
+    silu = lambda a: a / (1 + np.exp(-a))
+
+    def mlp(w, v):
+        gate, up = np.split(v @ w["w_gate_up"], 2)
+        return (silu(gate) * up) @ w["w_down"]
+
+    out = []
+    for v in np.asarray(x, np.float64):
+        logits = v @ p["router"]
+        probs = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()
+        if config.topk_method == "group_limited_greedy":
+            groups = probs.reshape(config.n_group, -1)
+            keep = np.argsort(-groups.max(1))[:config.topk_group]
+            probs = np.where(np.isin(np.arange(config.n_group), keep)[:, None], groups, 0).reshape(-1)
+        chosen = np.argsort(-probs)[:config.num_experts_per_tok]
+        weights = probs[chosen] / (probs[chosen].sum() if config.norm_topk_prob else 1) * config.routed_scaling_factor
+        y = sum(w * mlp({"w_gate_up": p["w_fc1"][e], "w_down": p["w_fc2"][e]}, v) for w, e in zip(weights, chosen))
+        if "shared" in p:
+            gate = 1 / (1 + np.exp(-(v @ p["shared_gate"]))) if "shared_gate" in p else 1
+            y = y + gate * mlp(p["shared"], v)
+        out.append(y)
+    return np.stack(out)
+
+
+# On the CPU, sync and device mode run the same handler (they differ in its name): sync once.
+VARIANTS = [(t, v) for t in TYPES for v in ("device", "async", "ragged_dot")] + [("deepseek_v2", "sync")]
+
+
+@pytest.mark.parametrize("model_type,variant", VARIANTS)
+def test_moe_block_matches_float64_reference(model_type, variant):
+    """Every group-sizes mode and the ragged_dot experts give the reference's output."""
+    config = tiny(model_type)
+    p = next(layer["moe"] for layer in random_params(config)["layers"] if "moe" in layer)
+    x = jnp.asarray(np.random.default_rng(3).standard_normal((2, 7, config.hidden_size)), jnp.float32)
+    kw = dict(group_sizes_mode=None, experts="ragged_dot") if variant == "ragged_dot" else dict(
+        group_sizes_mode=variant, experts="te_async")
+    y = jax.jit(lambda p, x: moe_block(p, config, x, **kw))(p, x)
+    assert y.shape == x.shape
+    assert rel_error(y.reshape(14, -1), _moe_reference(p, config, x.reshape(14, -1))) < 1e-5
+
+
+def test_async_order_copy_then_shared_experts_then_grouped_gemms():
+    """The jaxpr of an async MoE block: the copy's handle and x go through an optimization_barrier
+    whose x is the only one the shared experts and the permutation read; the shared experts'
+    output and the permuted rows go through a second one whose rows are what grouped_mlp reads.
+    (The GPU removes barriers only after scheduling, so its compiled order keeps them.)"""
+    config = tiny("qwen2_moe")
+    p = next(layer["moe"] for layer in random_params(config)["layers"] if "moe" in layer)
+    x = jnp.ones((3, config.hidden_size), jnp.float32)
+    block = lambda p, x: moe_block(p, config, x, group_sizes_mode="async", experts="te_async")
+    jaxpr = jax.make_jaxpr(block)(p, x).jaxpr
+    eqns = list(jaxpr.eqns)
+    producer = {v: e for e in eqns for v in e.outvars}
+    copy = next(e for e in eqns if "copy_group_sizes" in str(e.params.get("target_name", "")))
+    first, second = [e for e in eqns if e.primitive.name == "optimization_barrier"]
+    x_after = first.outvars[first.invars.index(jaxpr.invars[-1])]
+    assert copy.outvars[0] in first.invars
+    shared = [e for e in eqns if "shared_experts" in str(e.source_info.name_stack)]
+    gather = next(e for e in eqns if e.primitive.name == "gather")
+    assert any(x_after in e.invars for e in shared) and x_after in gather.invars
+    assert all(jaxpr.invars[-1] not in e.invars for e in shared + [gather])
+    assert gather.outvars[0] in second.invars and any(producer.get(v) in shared for v in second.invars)
+    mlp = next(e for e in eqns if "custom_vjp" in e.primitive.name)
+    assert second.outvars[second.invars.index(gather.outvars[0])] in mlp.invars
+
+
+def test_yarn_softmax_scale_of_deepseek_v2_lite():
+    config = models.preset("deepseek-v2-lite")
+    mscale = 0.1 * 0.707 * math.log(40) + 1
+    assert softmax_scale(config) == pytest.approx(192 ** -0.5 * mscale ** 2)
+
+
+# --- presets, init_params, decode_bytes ---
+
+PUBLISHED_PARAMS = {"deepseek-v2-lite": 15.7e9, "qwen3-30b-a3b": 30.5e9, "mixtral-8x7b": 46.7e9}
+
+
+@pytest.mark.parametrize("name", list(PUBLISHED_PARAMS))
+def test_preset_init_params_have_the_published_sizes(name):
+    config = models.preset(name)
+    shapes = jax.eval_shape(lambda k: models.init_params(config, k), jax.random.key(0))
+    assert sum(x.size for x in jax.tree_util.tree_leaves(shapes)) == pytest.approx(PUBLISHED_PARAMS[name], rel=2e-3)
+    moe = next(layer["moe"] for layer in shapes["layers"] if "moe" in layer)
+    e, h, f = config.num_experts, config.hidden_size, config.moe_intermediate_size
+    assert moe["w_fc1"].shape == (e, h, 2 * f) and moe["w_fc2"].shape == (e, f, h)
+    assert moe["w_fc1"].dtype == jnp.bfloat16 and moe["router"].dtype == jnp.float32
+    short = models.preset(name, num_hidden_layers=2)
+    assert len(jax.eval_shape(lambda k: models.init_params(short, k), jax.random.key(0))["layers"]) == 2
+
+
+def test_preset_layer_kinds():
+    layers = models.param_shapes(models.preset("deepseek-v2-lite"))["layers"]
+    assert [("moe" in layer) for layer in layers[:3]] == [False, True, True]
+    with pytest.raises(ValueError, match="unknown preset"):
+        models.preset("llama")
+    with pytest.raises(TypeError, match="no Config field: num_layers"):
+        models.preset("mixtral-8x7b", num_layers=2)
+
+
+def test_decode_bytes_adds_up():
+    config = models.preset("deepseek-v2-lite")
+    shapes = models.param_shapes(config)
+    nbytes = lambda tree: sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(tree))
+    moe = [layer["moe"] for layer in shapes["layers"] if "moe" in layer]
+    expert = nbytes([moe[0]["w_fc1"], moe[0]["w_fc2"]]) // config.num_experts
+    # everything, less the unused experts, less the embedding but one row per token, plus the cache
+    batch, length, active = 4, 100, 20
+    want = (nbytes(shapes) - len(moe) * (config.num_experts - active) * expert - nbytes(shapes["embed"])
+            + batch * config.hidden_size * 2 + batch * length * config.num_hidden_layers * (512 + 64) * 2)
+    assert models.decode_bytes(config, batch, length, active) == want
+    assert models.decode_bytes(config, batch, length + 1, active) > want
+    assert models.decode_bytes(config, batch, length, [active] * len(moe)) == want
+    for bad in (0, 25, [active] * 3):
+        with pytest.raises(ValueError, match="active"):
+            models.decode_bytes(config, batch, length, bad)
+
+
+# --- bad input ---
+
+def test_bad_tokens_and_lengths():
+    config = tiny("qwen3_moe")
+    params = random_params(config)
+    with pytest.raises(ValueError, match=r"token id 61 at \[1, 2\] is outside the vocabulary \[0, 61\)"):
+        models.forward(params, config, np.array([[1, 2, 3], [4, 5, 61]]))
+    with pytest.raises(ValueError, match="token id -1"):
+        models.generate(params, config, np.array([[-1, 2]]), 3)
+    with pytest.raises(ValueError, match="integer"):
+        models.forward(params, config, np.zeros((2, 3), np.float32))
+    cache = models.init_cache(config, 1, 4, jnp.float32)
+    with pytest.raises(ValueError, match="the prompt has 5 tokens, longer than the cache"):
+        models.prefill(params, config, cache, np.zeros((1, 5), np.int32))
+    with pytest.raises(ValueError, match="exceed max_len 6"):
+        models.generate(params, config, np.zeros((1, 4), np.int32), 3, max_len=6)
+    with pytest.raises(ValueError, match="experts must be one of"):
+        models.forward(params, config, np.zeros((1, 2), np.int32), experts="dense")
+    with pytest.raises(ValueError, match="applies to experts='te_async'"):
+        models.forward(params, config, np.zeros((1, 2), np.int32), experts="ragged_dot", group_sizes_mode="sync")
+    with pytest.raises(ValueError, match=r"params\['layers'\]\[0\]\['moe'\]\['w_fc1'\] has shape"):
+        models.forward(params, dataclasses.replace(config, moe_intermediate_size=8), np.zeros((1, 2), np.int32))
+
+
+def test_decode_step_poisons_what_it_cannot_check(model):
+    """Inside jit token values and positions are not known to the host: NaN instead of an answer."""
+    config, params, _, _ = model
+    cache = models.init_cache(config, 2, TOTAL + 1, jnp.float32)
+    logits, cache = models.decode_step(params, config, cache, jnp.array([[99], [1]], jnp.int32), 0)
+    assert np.isnan(np.asarray(logits[0])).all() and np.isfinite(np.asarray(logits[1])).all()
+    logits, cache = models.decode_step(params, config, cache, jnp.ones((2, 1), jnp.int32), TOTAL + 1)
+    assert np.isnan(np.asarray(logits)).all()
+
+
+@pytest.mark.parametrize("change,match", [
+    (dict(model_type="llama"), "unsupported model_type 'llama'; supported: mixtral, qwen2_moe, qwen3_moe, deepseek_v2"),
+    (dict(hidden_act="gelu"), "hidden_act 'gelu' is not supported"),
+    (dict(num_experts_per_tok=9), "num_experts_per_tok 9 > num_experts 8"),
+    (dict(rope_scaling=dict(type="linear", factor=2.0)), "rope type 'linear' is not supported"),
+    (dict(num_key_value_heads=3), "not a multiple of num_key_value_heads 3"),
+])
+def test_bad_configs(change, match):
+    with pytest.raises(ValueError, match=match):
+        tiny("qwen3_moe", **change)
+
+
+# --- load_hf ---
+
+def hf_tensors(params, config, fused):
+    """The params as a Hugging Face checkpoint: torch Linear weights [out, in]; experts per expert
+    (published names) or fused (transformers 5's gate_up_proj [E, 2F, H], down_proj [E, H, F])."""
+    t = lambda a: np.ascontiguousarray(np.asarray(a).T)
+    out = {"model.embed_tokens.weight": params["embed"], "model.norm.weight": params["final_norm"]}
+    if "lm_head" in params:
+        out["lm_head.weight"] = params["lm_head"]
+    names = {"wq": "q_proj", "wk": "k_proj", "wv": "v_proj", "wo": "o_proj", "wq_a": "q_a_proj", "wq_b": "q_b_proj",
+             "wkv_a": "kv_a_proj_with_mqa", "wkv_b": "kv_b_proj", "q_a_norm": "q_a_layernorm.weight",
+             "kv_a_norm": "kv_a_layernorm.weight", "q_norm": "q_norm.weight", "k_norm": "k_norm.weight",
+             "bq": "q_proj.bias", "bk": "k_proj.bias", "bv": "v_proj.bias", "bo": "o_proj.bias",
+             "bq_a": "q_a_proj.bias", "bkv_a": "kv_a_proj_with_mqa.bias"}
+    mixtral = config.model_type == "mixtral"
+
+    def mlp(prefix, p, gate="gate_proj", up="up_proj", down="down_proj"):
+        f = p["w_down"].shape[0]
+        return {f"{prefix}{gate}.weight": t(p["w_gate_up"][:, :f]), f"{prefix}{up}.weight": t(p["w_gate_up"][:, f:]),
+                f"{prefix}{down}.weight": t(p["w_down"])}
+
+    for i, layer in enumerate(params["layers"]):
+        pre = f"model.layers.{i}."
+        out[pre + "input_layernorm.weight"] = layer["attn_norm"]
+        out[pre + "post_attention_layernorm.weight"] = layer["mlp_norm"]
+        for k, v in layer["attn"].items():
+            name = names[k]
+            out[f"{pre}self_attn.{name}" + ("" if "." in name else ".weight")] = v if "." in name else t(v)
+        if "mlp" in layer:
+            out.update(mlp(pre + "mlp.", layer["mlp"]))
+            continue
+        moe, block = layer["moe"], pre + ("block_sparse_moe." if mixtral and not fused else "mlp.")
+        out[block + "gate.weight"] = t(moe["router"])
+        if fused:
+            out[block + "experts.gate_up_proj"] = np.asarray(moe["w_fc1"]).transpose(0, 2, 1).copy()
+            out[block + "experts.down_proj"] = np.asarray(moe["w_fc2"]).transpose(0, 2, 1).copy()
+        else:
+            for e in range(config.num_experts):
+                p = {"w_gate_up": moe["w_fc1"][e], "w_down": moe["w_fc2"][e]}
+                out.update(mlp(f"{block}experts.{e}.", p, *(("w1", "w3", "w2") if mixtral else ())))
+        if "shared" in moe:
+            shared = "shared_experts." if config.model_type == "deepseek_v2" else "shared_expert."
+            out.update(mlp(block + shared, moe["shared"]))
+        if "shared_gate" in moe:
+            out[block + "shared_expert_gate.weight"] = t(moe["shared_gate"])
+    return {k: np.asarray(v, np.float32) for k, v in out.items()}
+
+
+def write_checkpoint(directory, model_type, tensors, shards=1):
+    save_file = pytest.importorskip("safetensors.numpy").save_file
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps(TINY[model_type]))
+    names = sorted(tensors)
+    if shards == 1:
+        save_file(tensors, str(directory / "model.safetensors"))
+        return directory
+    weight_map = {}
+    for s in range(shards):
+        file = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
+        part = names[s::shards]
+        save_file({n: tensors[n] for n in part}, str(directory / file))
+        weight_map.update({n: file for n in part})
+    (directory / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    return directory
+
+
+@pytest.mark.parametrize("model_type", TYPES)
+@pytest.mark.parametrize("fused", [False, True], ids=["per_expert", "fused"])
+def test_load_hf_round_trip(tmp_path, model_type, fused):
+    config = tiny(model_type)
+    params = random_params(config)
+    directory = write_checkpoint(tmp_path / "ckpt", model_type, hf_tensors(params, config, fused), shards=1 + fused)
+    loaded, loaded_config = models.load_hf(directory)
+    assert loaded_config == config
+    assert jax.tree_util.tree_structure(loaded) == jax.tree_util.tree_structure(params)
+    for a, b in zip(jax.tree_util.tree_leaves(loaded), jax.tree_util.tree_leaves(params)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    cast, _ = models.load_hf(directory, dtype=jnp.bfloat16)
+    assert cast["embed"].dtype == jnp.bfloat16 and cast["layers"][-1]["moe"]["router"].dtype == jnp.float32
+
+
+@pytest.fixture
+def checkpoint(tmp_path):
+    config = tiny("deepseek_v2")
+    tensors = hf_tensors(random_params(config), config, fused=False)
+    return write_checkpoint(tmp_path / "ckpt", "deepseek_v2", tensors), tensors
+
+
+def _rewrite(directory, tensors):
+    pytest.importorskip("safetensors.numpy").save_file(tensors, str(directory / "model.safetensors"))
+
+
+def test_load_hf_bad_directories(tmp_path, checkpoint):
+    directory, tensors = checkpoint
+    with pytest.raises(ValueError, match="not a model directory"):
+        models.load_hf(tmp_path / "nowhere")
+    (directory / "config.json").write_text("{not json")
+    with pytest.raises(ValueError, match="config.json: not valid JSON"):
+        models.load_hf(directory)
+    (directory / "config.json").write_text(json.dumps({**TINY["deepseek_v2"], "model_type": "gpt2"}))
+    with pytest.raises(ValueError, match="config.json: unsupported model_type 'gpt2'; supported: mixtral"):
+        models.load_hf(directory)
+    (directory / "config.json").unlink()
+    with pytest.raises(ValueError, match="no config.json"):
+        models.load_hf(directory)
+    (directory / "config.json").write_text(json.dumps(TINY["deepseek_v2"]))
+    (directory / "model.safetensors").unlink()
+    with pytest.raises(ValueError, match="no \\*.safetensors file"):
+        models.load_hf(directory)
+
+
+@pytest.mark.parametrize("edit,match", [
+    (lambda t: t.pop("model.layers.1.mlp.experts.3.up_proj.weight"),
+     "tensor 'model.layers.1.mlp.experts.3.up_proj.weight' \\(shape \\(16, 32\\)\\) is missing"),
+    (lambda t: t.update({"model.layers.0.self_attn.kv_b_proj.weight": np.zeros((64, 15), np.float32)}),
+     "model.safetensors: tensor 'model.layers.0.self_attn.kv_b_proj.weight' has shape \\(64, 15\\), "
+     "the config needs \\(64, 16\\)"),
+    (lambda t: t.update({"model.layers.2.input_layernorm.weight": np.ones(32, np.float32),
+                         "model.layers.1.mlp.experts.8.up_proj.weight": np.ones((16, 32), np.float32)}),
+     "tensors the config.json does not account for: model.layers.1.mlp.experts.8.up_proj.weight, model.layers.2"),
+])
+def test_load_hf_bad_tensors(checkpoint, edit, match):
+    directory, tensors = checkpoint
+    edit(tensors)
+    _rewrite(directory, tensors)
+    with pytest.raises(ValueError, match=match):
+        models.load_hf(directory)
