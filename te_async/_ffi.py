@@ -6,6 +6,7 @@ CPU-only machine.
 """
 
 import atexit
+import os
 
 import jax
 
@@ -14,7 +15,7 @@ try:
 except ImportError as e:  # the source folder, which has no compiled modules, shadows the package
     raise ImportError(
         "te_async's compiled modules are missing. Python imported te_async from the source folder "
-        f"({__file__.rsplit('/', 2)[0]}), which has none: install the package (bash tools/run_tests.sh, "
+        f"{os.path.dirname(__file__)}, which has none: install the package (bash tools/run_tests.sh, "
         "or pip install .) and run from another folder, or with `python -P` to keep the current folder off "
         "sys.path."
     ) from e
