@@ -59,21 +59,32 @@ def test_timing_fields(result):
 
 
 def test_floor_is_decode_bytes_over_the_bandwidth(result):
+    """The floor counts each MoE layer's distinct experts in the timed steps' routing."""
     data = result[0]
     config = presets.config("tiny")
     assert data["config"]["model"]["num_experts"] == config.num_experts
+    assert data["config"]["active_experts_source"].startswith("counted from the routing")
     e, k = config.num_experts, config.num_experts_per_tok
+    moe_layers = sum(map(config.is_moe_layer, range(config.num_hidden_layers)))
+    at = lambda b, a: 1e3 * models.decode_bytes(config, b, CONTEXT, a, dtype=jnp.float32) / data["hbm_bytes_per_s"]
     for r in data["results"]:
-        b = r["batch"]
-        assert r["active_experts"] == pytest.approx(e * (1 - (1 - k / e) ** b))
-        lo, hi = math.floor(r["active_experts"]), math.ceil(r["active_experts"])
-        at = lambda a: 1e3 * models.decode_bytes(config, b, CONTEXT, a, dtype=jnp.float32) / data["hbm_bytes_per_s"]
-        if b == 1:  # top-k distinct experts: exactly k, no interpolation
-            assert r["active_experts"] == k and r["floor_ms"] == pytest.approx(at(k), rel=1e-12)
+        b, per_layer = r["batch"], r["active_experts_per_layer"]
+        assert len(per_layer) == moe_layers and r["active_experts"] == pytest.approx(np.mean(per_layer))
+        assert all(k <= a <= min(e, b * k) for a in per_layer), r
+        lo, hi = [math.floor(a) for a in per_layer], [math.ceil(a) for a in per_layer]
+        if b == 1:  # one token picks k distinct experts: exactly k, no interpolation
+            assert per_layer == [k] * moe_layers and r["floor_ms"] == pytest.approx(at(b, k), rel=1e-12)
         else:
-            frac = r["active_experts"] - lo
-            assert r["floor_ms"] == pytest.approx(at(lo) + frac * (at(hi) - at(lo)), rel=1e-12)
-            assert at(lo) < r["floor_ms"] < at(hi)
+            assert at(b, lo) <= r["floor_ms"] <= at(b, hi)
+            frac = sum(a - f for a, f in zip(per_layer, lo))
+            one_more = at(b, [lo[0] + 1] + lo[1:]) - at(b, lo)  # one more expert in one layer
+            assert r["floor_ms"] == pytest.approx(at(b, lo) + frac * one_more, rel=1e-12)
+
+
+def test_active_experts_are_counted_from_the_routing():
+    routing = [np.array([[[0, 1], [1, 2]], [[3, 3], [3, 3]]]), np.array([[[0, 1], [0, 1]], [[4, 5], [6, 7]]])]
+    assert generate.count_active_experts(routing) == [2.5, 2.5]
+    assert generate.count_active_experts([]) == []
 
 
 def test_table_has_every_mode_and_batch(result):
@@ -97,7 +108,8 @@ def test_cache_holds_the_prompt_then_random_entries_of_its_scale(result):
         empty = models.init_cache(config, batch, context, jnp.float32)
         plain_logits, plain = models.prefill(params, config, empty, prompt)
     np.testing.assert_array_equal(logits, plain_logits)
-    for layer, layer_again, layer_plain in zip(cache, again, plain):
+    per_layer = lambda c: models.per_layer(jax.device_get(c))
+    for layer, layer_again, layer_plain in zip(per_layer(cache), per_layer(again), per_layer(plain)):
         for name, a in layer.items():
             a = np.asarray(a)
             np.testing.assert_array_equal(a, layer_again[name])  # the same seed, the same cache

@@ -60,12 +60,30 @@ def random_params(config, seed=0):
     return jax.tree_util.tree_unflatten(treedef, [jnp.asarray(x, jnp.float32) for x in leaves])
 
 
-@pytest.fixture(scope="module", params=TYPES)
-def model(request):
-    config = tiny(request.param)
+# Configs whose layers include runs of several layers, which the decoder scans (the TINY ones have runs of one).
+SCANNED = {"deepseek_v2_scan": ("deepseek_v2", dict(num_hidden_layers=4)),  # layer 0 dense, then a scan of 3
+           "mixtral_scan": ("mixtral", dict(num_hidden_layers=3))}
+
+
+def config_of(name):
+    kind, kw = SCANNED.get(name, (name, {}))
+    return tiny(kind, **kw)
+
+
+def make_model(name):
+    config = config_of(name)
     tokens = np.random.default_rng(7).integers(0, config.vocab_size, (2, TOTAL)).astype(np.int32)
     params = random_params(config)
     return config, params, tokens, np.asarray(models.forward(params, config, tokens))
+
+
+@pytest.fixture(scope="module", params=TYPES + ["deepseek_v2_scan"])
+def model(request):
+    return make_model(request.param)
+
+
+def test_scanned_gqa_prefill_and_decode_match_forward():
+    test_prefill_and_decode_match_forward(make_model("mixtral_scan"))
 
 
 def test_prefill_and_decode_match_forward(model):
@@ -77,6 +95,79 @@ def test_prefill_and_decode_match_forward(model):
     for i in range(PROMPT, TOTAL):
         logits, cache = models.decode_step(params, config, cache, jnp.asarray(tokens[:, i:i + 1]), i)
         assert rel_error(logits, full[:, i]) < 1e-5, i
+
+
+def test_layer_runs_and_stacked_layout():
+    config = config_of("deepseek_v2_scan")
+    assert models.layer_runs(config) == ((0, 1), (1, 3))
+    assert models.layer_runs(models.preset("deepseek-v2-lite")) == ((0, 1), (1, 26))
+    assert models.layer_runs(models.preset("qwen3-30b-a3b")) == ((0, 48),)
+    params = random_params(config)
+    assert [jax.tree_util.tree_leaves(run)[0].shape[0] for run in params["layers"]] == [1, 3]
+    layers = models.per_layer(params["layers"])
+    assert [("moe" in layer) for layer in layers] == [False, True, True, True]
+    again = models.stack_layers(layers, config)
+    assert jax.tree_util.tree_structure(again) == jax.tree_util.tree_structure(params["layers"])
+    for x, y in zip(jax.tree_util.tree_leaves(again), jax.tree_util.tree_leaves(params["layers"])):
+        np.testing.assert_array_equal(x, y)
+    cache = models.init_cache(config, 2, 7, jnp.float32)
+    assert [run["ckv"].shape for run in cache] == [(1, 2, 7, 16), (3, 2, 7, 16)]
+
+
+def test_one_scan_per_run_of_layers():
+    """The compiled program has one body per run: the jaxpr of a decode step of the 4-layer
+    DeepSeek config holds one scan (over layers 1-3), whose body holds the async MoE block's copy
+    and its two barriers, and tracing is no longer per layer."""
+    config = config_of("deepseek_v2_scan")
+    params = random_params(config)
+    cache = models.init_cache(config, 2, 7, jnp.float32)
+    step = lambda p, c, t: models.model._decode_step(p, config, c, t, jnp.int32(3), "async", "te_async", False)
+    jaxpr = jax.make_jaxpr(step)(params, cache, jnp.zeros((2, 1), jnp.int32))
+    inner = jaxpr.eqns[0].params["jaxpr"].jaxpr  # the jit
+    scans = [e for e in inner.eqns if e.primitive.name == "scan"]
+    assert len(scans) == 1 and scans[0].params["length"] == 3
+    assert "layers1-3" in str(scans[0].source_info.name_stack)
+    body = scans[0].params["jaxpr"].jaxpr
+    names = [e.primitive.name for e in body.eqns]
+    copies = [i for i, e in enumerate(body.eqns) if "copy_group_sizes" in str(e.params.get("target_name", ""))]
+    barriers = [i for i, n in enumerate(names) if n == "optimization_barrier"]
+    mlp = [i for i, n in enumerate(names) if "custom_vjp" in n]
+    assert len(copies) == 1 and len(barriers) == 2 and len(mlp) == 1
+    assert copies[0] < barriers[0] < barriers[1] < mlp[0]
+
+
+@pytest.mark.parametrize("name", ["deepseek_v2_scan"])
+def test_decode_step_returns_the_routing(name):
+    config, params, tokens, full = make_model(name)
+    moe_layers = sum(map(config.is_moe_layer, range(config.num_hidden_layers)))
+    outs = {}
+    for name, kw in {"te_async": {}, "ragged_dot": dict(experts="ragged_dot")}.items():
+        cache = models.init_cache(config, 2, TOTAL + 1, jnp.float32)
+        _, cache = models.prefill(params, config, cache, tokens[:, :PROMPT], **kw)
+        logits, cache, routing = models.decode_step(params, config, cache, jnp.asarray(tokens[:, PROMPT:PROMPT + 2]),
+                                                    PROMPT, return_routing=True, **kw)
+        assert rel_error(logits, full[:, PROMPT + 1]) < 1e-5
+        routing = np.asarray(routing)
+        assert routing.dtype == np.int32 and routing.shape == (moe_layers, 4, config.num_experts_per_tok)
+        assert ((routing >= 0) & (routing < config.num_experts)).all()
+        assert all(len(set(row)) == len(row) for row in routing.reshape(-1, routing.shape[-1]))
+        outs[name] = routing
+    np.testing.assert_array_equal(outs["te_async"], outs["ragged_dot"])
+
+
+def test_python_and_device_positions_share_one_compilation():
+    config = tiny("qwen3_moe", rms_norm_eps=1.5e-6)  # a config of its own, compiled here first
+    params = random_params(config)
+    cache = models.init_cache(config, 2, TOTAL + 1, jnp.float32)
+    token = jnp.ones((2, 1), jnp.int32)
+    _, cache = models.decode_step(params, config, cache, token, 0)
+    compiled = models.model._decode_step._cache_size()
+    for position in (jnp.int32(1), np.int64(2), jnp.asarray(3), np.int32(4), 5):
+        logits, cache = models.decode_step(params, config, cache, token, position)
+    assert np.isfinite(np.asarray(logits)).all()
+    assert models.model._decode_step._cache_size() == compiled
+    with pytest.raises(ValueError, match="integer scalar"):
+        models.decode_step(params, config, cache, token, 1.5)
 
 
 def test_generate_is_greedy_over_forward(model):
@@ -122,7 +213,7 @@ VARIANTS = [(t, v) for t in TYPES for v in ("device", "async", "ragged_dot")] + 
 def test_moe_block_matches_float64_reference(model_type, variant):
     """Every group-sizes mode and the ragged_dot experts give the reference's output."""
     config = tiny(model_type)
-    p = next(layer["moe"] for layer in random_params(config)["layers"] if "moe" in layer)
+    p = next(layer["moe"] for layer in models.per_layer(random_params(config)["layers"]) if "moe" in layer)
     x = jnp.asarray(np.random.default_rng(3).standard_normal((2, 7, config.hidden_size)), jnp.float32)
     kw = dict(group_sizes_mode=None, experts="ragged_dot") if variant == "ragged_dot" else dict(
         group_sizes_mode=variant, experts="te_async")
@@ -137,7 +228,7 @@ def test_async_order_copy_then_shared_experts_then_grouped_gemms():
     output and the permuted rows go through a second one whose rows are what grouped_mlp reads.
     (The GPU removes barriers only after scheduling, so its compiled order keeps them.)"""
     config = tiny("qwen2_moe")
-    p = next(layer["moe"] for layer in random_params(config)["layers"] if "moe" in layer)
+    p = next(layer["moe"] for layer in models.per_layer(random_params(config)["layers"]) if "moe" in layer)
     x = jnp.ones((3, config.hidden_size), jnp.float32)
     block = lambda p, x: moe_block(p, config, x, group_sizes_mode="async", experts="te_async")
     jaxpr = jax.make_jaxpr(block)(p, x).jaxpr
@@ -172,16 +263,16 @@ def test_preset_init_params_have_the_published_sizes(name):
     config = models.preset(name)
     shapes = jax.eval_shape(lambda k: models.init_params(config, k), jax.random.key(0))
     assert sum(x.size for x in jax.tree_util.tree_leaves(shapes)) == pytest.approx(PUBLISHED_PARAMS[name], rel=2e-3)
-    moe = next(layer["moe"] for layer in shapes["layers"] if "moe" in layer)
+    moe = next(layer["moe"] for layer in models.per_layer(shapes["layers"]) if "moe" in layer)
     e, h, f = config.num_experts, config.hidden_size, config.moe_intermediate_size
     assert moe["w_fc1"].shape == (e, h, 2 * f) and moe["w_fc2"].shape == (e, f, h)
     assert moe["w_fc1"].dtype == jnp.bfloat16 and moe["router"].dtype == jnp.float32
     short = models.preset(name, num_hidden_layers=2)
-    assert len(jax.eval_shape(lambda k: models.init_params(short, k), jax.random.key(0))["layers"]) == 2
+    assert len(models.per_layer(jax.eval_shape(lambda k: models.init_params(short, k), jax.random.key(0))["layers"])) == 2
 
 
 def test_preset_layer_kinds():
-    layers = models.param_shapes(models.preset("deepseek-v2-lite"))["layers"]
+    layers = models.per_layer(models.param_shapes(models.preset("deepseek-v2-lite"))["layers"])
     assert [("moe" in layer) for layer in layers[:3]] == [False, True, True]
     with pytest.raises(ValueError, match="unknown preset"):
         models.preset("llama")
@@ -193,7 +284,7 @@ def test_decode_bytes_adds_up():
     config = models.preset("deepseek-v2-lite")
     shapes = models.param_shapes(config)
     nbytes = lambda tree: sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(tree))
-    moe = [layer["moe"] for layer in shapes["layers"] if "moe" in layer]
+    moe = [layer["moe"] for layer in models.per_layer(shapes["layers"]) if "moe" in layer]
     expert = nbytes([moe[0]["w_fc1"], moe[0]["w_fc2"]]) // config.num_experts
     # everything, less the unused experts, less the embedding but one row per token, plus the cache
     batch, length, active = 4, 100, 20
@@ -274,7 +365,7 @@ def hf_tensors(params, config, fused):
         return {f"{prefix}{gate}.weight": t(p["w_gate_up"][:, :f]), f"{prefix}{up}.weight": t(p["w_gate_up"][:, f:]),
                 f"{prefix}{down}.weight": t(p["w_down"])}
 
-    for i, layer in enumerate(params["layers"]):
+    for i, layer in enumerate(models.per_layer(params["layers"])):
         pre = f"model.layers.{i}."
         out[pre + "input_layernorm.weight"] = layer["attn_norm"]
         out[pre + "post_attention_layernorm.weight"] = layer["mlp_norm"]

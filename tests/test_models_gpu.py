@@ -1,5 +1,6 @@
-"""te_async.models on the GPU: the async MoE block's order in the compiled program, and the
-cached decode path against the full forward there."""
+"""te_async.models on the GPU: the async MoE block's order in the compiled program (in ENTRY for a
+layer run inline, in the while body for a scanned run of layers), and the cached decode path
+against the full forward there."""
 
 import re
 
@@ -10,43 +11,92 @@ import pytest
 
 import te_async.models as models
 from reference import rel_error
+from te_async.models.model import scope_name
 from test_models import PROMPT, TOTAL, random_params, tiny
 
 pytestmark = pytest.mark.gpu
 
 
-def layer_schedule(hlo: str, layer: int) -> dict:
-    """Positions in the scheduled entry computation of one layer's copy, shared-expert
-    instructions, permutation gather and grouped GEMMs (by their metadata op_name)."""
-    entry = hlo[hlo.index("\nENTRY"):].splitlines()[1:]
-    where = {"copy": [], "shared": [], "gather": [], "gemm": []}
-    for i, line in enumerate(entry):
-        name = re.search(r'op_name="([^"]*)"', line)
-        if not name or f"/layer{layer}/" not in name.group(1) + "/":
+def _computations(hlo: str) -> dict:
+    """{name: instruction lines} of an HLO module's text, ENTRY under "ENTRY"."""
+    out, name = {}, None
+    for line in hlo.splitlines():
+        head = re.match(r"(ENTRY )?%?([\w.\-]+) .*\{$", line)
+        if name is None and head:
+            name = "ENTRY" if head.group(1) else head.group(2)
+            out[name] = []
+        elif name is not None and line.strip() == "}":
+            name = None
+        elif name is not None:
+            out[name].append(line)
+    return out
+
+
+def _flatten(computations: dict, name: str) -> list:
+    """A computation's lines, with those of the computations its call instructions (command
+    buffers) call inlined where the call is; fusions stay one line."""
+    lines = []
+    for line in computations[name]:
+        called = re.search(r"= \S+ call\(.*to_apply=%?([\w.\-]+)", line)
+        lines.extend(_flatten(computations, called.group(1)) if called and called.group(1) in computations else [line])
+    return lines
+
+
+def layer_schedule(hlo: str, scope: str) -> dict:
+    """Positions of one run's copies, shared-expert instructions, permutation gathers and grouped
+    GEMMs (by their metadata op_name, under the run's named scope) in the scheduled computation
+    that holds its copy: ENTRY for a run of one layer, the while loop's body for a scanned run
+    (or ENTRY again if XLA unrolled that loop)."""
+    computations = _computations(hlo)
+    for name in computations:
+        if name.startswith("fused"):
             continue
-        if "te_async_copy_group_sizes" in line:
-            where["copy"].append(i)
-        elif "te_async_grouped_gemm" in line:
-            where["gemm"].append(i)
-        elif "/shared_experts/" in name.group(1):
-            where["shared"].append(i)
-        elif "/routed_experts/gather" in name.group(1):
-            where["gather"].append(i)
-    return where
+        where = {"copy": [], "shared": [], "gather": [], "gemm": []}
+        for i, line in enumerate(_flatten(computations, name)):
+            op = re.search(r'op_name="([^"]*)"', line)
+            if not op or f"/{scope}/" not in "/" + op.group(1) + "/":
+                continue
+            if "te_async_copy_group_sizes" in line:
+                where["copy"].append(i)
+            elif "te_async_grouped_gemm" in line:
+                where["gemm"].append(i)
+            elif "/shared_experts/" in op.group(1):
+                where["shared"].append(i)
+            elif "/routed_experts/gather" in op.group(1):
+                where["gather"].append(i)
+        if where["copy"]:
+            return where
+    raise AssertionError(f"no computation holds a copy under the scope {scope}")
 
 
-@pytest.mark.parametrize("model_type", ["qwen2_moe", "deepseek_v2"])
-def test_async_copy_then_shared_experts_then_grouped_gemms(model_type):
-    config = tiny(model_type)
+def assert_copy_then_shared_then_gemms(where: dict) -> None:
+    """Per layer (the span from one copy to the next: XLA may unroll a scan), the copy, then every
+    shared-expert instruction and gather, then the grouped GEMMs; nothing of a layer before its copy."""
+    assert all(where.values()), where
+    copies = sorted(where["copy"])
+    assert min(where["shared"] + where["gather"] + where["gemm"]) > copies[0], where
+    for lo, hi in zip(copies, copies[1:] + [float("inf")]):
+        mine = lambda key: [i for i in where[key] if lo < i < hi]
+        assert mine("shared") + mine("gather") and mine("gemm"), (lo, hi, where)
+        assert max(mine("shared") + mine("gather")) < min(mine("gemm")), (lo, hi, where)
+
+
+@pytest.mark.parametrize("model_type,layers", [("qwen2_moe", None), ("deepseek_v2", None), ("deepseek_v2", 4),
+                                               ("qwen2_moe", 4)])
+def test_async_copy_then_shared_experts_then_grouped_gemms(model_type, layers):
+    """The default tiny configs' MoE layer is a run of one (inline, in ENTRY); with 4 layers the
+    MoE layers 1-3 are one scanned run (layer 0 is dense in both), whose while body must keep the
+    order."""
+    config = tiny(model_type, **({} if layers is None else {"num_hidden_layers": layers}))
     params = random_params(config)
     cache = models.init_cache(config, 2, TOTAL + 1, jnp.float32)
     step = models.decode_step.lower(params, config, cache, jnp.zeros((2, 1), jnp.int32), 3, group_sizes_mode="async")
     hlo = step.compile().as_text()
-    layer = next(i for i in range(config.num_hidden_layers) if config.is_moe_layer(i))
-    where = layer_schedule(hlo, layer)
-    assert all(where.values()), where
-    assert max(where["copy"]) < min(where["shared"] + where["gather"]), where
-    assert max(where["shared"] + where["gather"]) < min(where["gemm"]), where
+    start, n = next((s, n) for s, n in models.layer_runs(config) if config.is_moe_layer(s))
+    assert n == (1 if layers is None else 3), models.layer_runs(config)
+    assert_copy_then_shared_then_gemms(layer_schedule(hlo, scope_name(start, n)))
+
+
 
 
 @pytest.mark.parametrize("model_type", ["mixtral", "deepseek_v2"])

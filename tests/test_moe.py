@@ -68,3 +68,14 @@ def test_example_runs():
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().endswith("ok") and "mode device" in out.stdout
+
+
+def test_generate_example_runs():
+    """examples/generate.py on the committed tiny DeepSeek-V2 checkpoint: every mode generates the
+    same tokens, those transformers generated (on the CPU it skips the DeepSeek-V2-Lite timing)."""
+    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")
+    cmd = [sys.executable, str(ROOT / "examples" / "generate.py"), "--tokens", "6", "--lite-layers", "0"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().endswith("ok"), out.stdout[-3000:]
+    assert "every mode generated the same 6 tokens" in out.stdout and "those transformers generated" in out.stdout

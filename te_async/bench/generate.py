@@ -48,11 +48,12 @@ that a profiled step keeps the CUDA graphs of the timed ones.
 Floor. te_async.models.decode_bytes(config, B, --context, active) over the HBM read bandwidth
 measured in the same run (timing.hbm_bandwidth): every weight a step reads (attention, norms,
 dense layers, shared experts, routers, LM head), the KV cache up to --context, and the routed
-experts the batch activates. active, per MoE layer, is the expected number of distinct experts
-under uniform routing, E * (1 - (1 - k/E)^B) for E experts and top-k: te_async.models offers no
-way to read a decode step's routing. decode_bytes is linear in it, so a fractional count is
-interpolated between the integers around it. A trained router is skewed and activates fewer, so
-for a checkpoint this floor is an upper estimate.
+experts the batch activates. active, per MoE layer, is counted from the routing: the timed steps
+run decode_step(..., return_routing=True) (every step of a mode does, so that one compilation
+serves them all), and each MoE layer's count is the number of distinct experts its B tokens
+chose, the mean over the timed steps. decode_bytes is linear in each layer's count, so a
+fractional mean is interpolated between the integers around it. Each row counts its own mode's
+routing (the modes see the same tokens and cache, so they agree but for near ties).
 
 Memory. The run prints the weights' and the largest cache's bytes first (bfloat16, all layers,
 cache at batch 64 and 4096 tokens: DeepSeek-V2-Lite 31 + 8 GB, Qwen3-30B-A3B 61 + 26 GB,
@@ -84,9 +85,10 @@ RESULT_KEYS = (
     "mode", "batch", "p50_ms", "p99_ms", "mean_ms", "min_ms", "steps", "tokens_per_s", "floor_ms",
     "ratio_to_floor", "active_experts", "busy_us", "idle_us", "idle_fraction", "n_host_syncs",
     "n_graph_launches", "n_kernels", "reference_mode", "tokens_agree", "logits_rel_error", "disagree_margin",
-    "greedy_tokens", "first_step_s", "error",
+    "greedy_tokens", "first_step_s", "active_experts_per_layer", "error",
 )
-ACTIVE_EXPERTS_SOURCE = "expected distinct experts per MoE layer under uniform routing, E*(1-(1-k/E)^B)"
+ACTIVE_EXPERTS_SOURCE = ("counted from the routing: distinct experts per MoE layer among the batch's tokens in each "
+                         "timed step (decode_step return_routing=True), mean over the timed steps")
 
 
 # ----------------------------------------------------------------------------------- the model
@@ -108,24 +110,35 @@ def truncate(params: dict, config, layers: int) -> tuple:
     if not 0 < layers <= config.num_hidden_layers:
         raise ValueError(f"--layers must be in [1, {config.num_hidden_layers}], got {layers}")
     types = None if config.layer_types is None else config.layer_types[:layers]
-    config = dataclasses.replace(config, num_hidden_layers=layers, layer_types=types)
-    return {**params, "layers": params["layers"][:layers]}, config
+    short = dataclasses.replace(config, num_hidden_layers=layers, layer_types=types)
+    runs = []  # the short config's runs are the first runs of the full one, the last maybe cut
+    for run, (_, n) in zip(params["layers"], models.layer_runs(short)):
+        full = jax.tree_util.tree_leaves(run)[0].shape[0]
+        runs.append(run if n == full else jax.tree_util.tree_map(lambda a, n=n: a[:n], run))
+    return {**params, "layers": runs}, short
 
 
-def expected_active_experts(config, batch: int) -> float:
-    """Expected distinct experts per MoE layer when each of `batch` tokens picks top-k of E uniformly."""
-    e, k = config.num_experts, config.num_experts_per_tok
-    return round(e * (1 - (1 - k / e) ** batch), 9)
-
-
-def step_bytes(config, batch: int, context: int, active: float, dtype) -> float:
-    """te_async.models.decode_bytes at a fractional number of active experts per MoE layer: it is
-    linear in that number, so interpolate between the integers around it."""
-    lo = max(1, math.floor(active))
+def step_bytes(config, batch: int, context: int, active, dtype) -> float:
+    """te_async.models.decode_bytes at fractional numbers of active experts (one for every MoE
+    layer, or one per MoE layer): it is linear in each, so interpolate between the integers."""
+    moe_layers = sum(map(config.is_moe_layer, range(config.num_hidden_layers)))
+    active = [active] * moe_layers if np.ndim(active) == 0 else [float(a) for a in active]
+    lo = [max(1, math.floor(a)) for a in active]
     low = models.decode_bytes(config, batch, context, lo, dtype=dtype)
-    if active <= lo:
+    frac = sum(max(0.0, a - f) for a, f in zip(active, lo))
+    if frac == 0:
         return float(low)
-    return low + (active - lo) * (models.decode_bytes(config, batch, context, lo + 1, dtype=dtype) - low)
+    moe = next(run["moe"] for run in models.param_shapes(config, dtype)["layers"] if "moe" in run)
+    layers, experts = moe["w_fc1"].shape[:2]
+    expert_bytes = (moe["w_fc1"].size + moe["w_fc2"].size) * jnp.dtype(dtype).itemsize // (layers * experts)
+    return low + frac * expert_bytes
+
+
+def count_active_experts(routing: list) -> list:
+    """Per MoE layer, the mean over steps of the distinct experts in a step's routing
+    (decode_step's int32 [moe_layers, tokens, k])."""
+    counts = [[len(np.unique(layer)) for layer in np.asarray(r)] for r in routing]
+    return [float(c) for c in np.mean(counts, axis=0)] if counts else []
 
 
 # ------------------------------------------------------------------------------------ the cache
@@ -133,13 +146,14 @@ def step_bytes(config, batch: int, context: int, active: float, dtype) -> float:
 
 @functools.partial(jax.jit, static_argnames=("prompt_len",), donate_argnums=0)
 def _fill_after_prompt(array, key, prompt_len):
-    """array [B, max_len, ...] with entries prompt_len.. drawn per channel (trailing axes) from a
-    normal of the mean and standard deviation of that channel over the first prompt_len entries."""
-    real = array[:, :prompt_len].astype(jnp.float32)
-    mean, std = real.mean(axis=(0, 1)), real.std(axis=(0, 1))
-    shape = (array.shape[0], array.shape[1] - prompt_len, *array.shape[2:])
+    """array [layers, B, max_len, ...] (a run's stacked cache) with entries prompt_len.. drawn per
+    layer and channel (trailing axes) from a normal of the mean and standard deviation of that
+    layer's channel over the first prompt_len entries."""
+    real = array[:, :, :prompt_len].astype(jnp.float32)
+    mean, std = real.mean(axis=(1, 2), keepdims=True), real.std(axis=(1, 2), keepdims=True)
+    shape = (*array.shape[:2], array.shape[2] - prompt_len, *array.shape[3:])
     noise = mean + std * jax.random.normal(key, shape, jnp.float32)
-    return jax.lax.dynamic_update_slice_in_dim(array, noise.astype(array.dtype), prompt_len, axis=1)
+    return jax.lax.dynamic_update_slice_in_dim(array, noise.astype(array.dtype), prompt_len, axis=2)
 
 
 def filled_cache(params, config, batch: int, context: int, prompt_len: int, seed: int = 0) -> tuple:
@@ -174,13 +188,14 @@ def run_mode(params, config, mode: str, batch: int, *, context: int, prompt_len:
     """One mode at one batch: (row fields, reference, profiled window). `tokens` are the timed and
     profiled steps' inputs, `positions` every step's (device int32 scalars). reference=None makes
     this mode the reference: it decodes greedily and returns its inputs and logits for the others."""
-    step = functools.partial(models.decode_step, params, config, **MODES[mode])
+    # Every step returns its routing (the timed steps' is counted), so that one compilation serves them all.
+    step = functools.partial(models.decode_step, params, config, **MODES[mode], return_routing=True)
     cache, prompt_logits = filled_cache(params, config, batch, context, prompt_len)
     feed = [_argmax(prompt_logits)] if reference is None else reference["inputs"]
     logits_seen = []
     t0 = time.perf_counter()
     for i in range(check):
-        logits, cache = step(cache, feed[i], positions[i])
+        logits, cache, _ = step(cache, feed[i], positions[i])
         if i == 0:
             jax.block_until_ready(logits)
             first_step_s = time.perf_counter() - t0
@@ -200,15 +215,16 @@ def run_mode(params, config, mode: str, batch: int, *, context: int, prompt_len:
                greedy_tokens=mine[:, 0].tolist())
 
     steps = len(tokens) - PROFILED_STEPS
-    times = []
+    times, routing = [], []
     for s in range(steps):
         t0 = time.perf_counter()
-        logits, cache = step(cache, tokens[s], positions[check + s])
+        logits, cache, chosen = step(cache, tokens[s], positions[check + s])
         logits.block_until_ready()
         times.append(time.perf_counter() - t0)
+        routing.append(chosen)
     p50, p99 = np.percentile(times, [50, 99])
     row.update(p50_ms=1e3 * p50, p99_ms=1e3 * p99, mean_ms=1e3 * float(np.mean(times)), min_ms=1e3 * min(times),
-               steps=steps, tokens_per_s=batch / p50)
+               steps=steps, tokens_per_s=batch / p50, active_experts_per_layer=count_active_experts(routing))
 
     window = None
     if profile_dir is not None:
@@ -216,7 +232,7 @@ def run_mode(params, config, mode: str, batch: int, *, context: int, prompt_len:
         del cache
 
         def profiled_step(j):
-            logits, state[0] = step(state[0], tokens[steps + j], positions[check + steps + j])
+            logits, state[0], _ = step(state[0], tokens[steps + j], positions[check + steps + j])
             return logits
 
         fields, window = timing.profile_steps(profiled_step, profile_dir, steps=PROFILED_STEPS, annotation=ANNOTATION)
@@ -243,11 +259,9 @@ def sweep(params, config, *, batches, modes, context, prompt_len, steps, check, 
         rng = np.random.default_rng([seed, batch])
         tokens = [jnp.asarray(rng.integers(0, config.vocab_size, (batch, 1), dtype=np.int32))
                   for _ in range(steps + PROFILED_STEPS)]
-        active = expected_active_experts(config, batch)
-        floor_ms = 1e3 * step_bytes(config, batch, context, active, dtype) / hbm_bytes_per_s
         reference = None
         for mode in modes:
-            row = dict.fromkeys(RESULT_KEYS) | dict(mode=mode, batch=batch, floor_ms=floor_ms, active_experts=active)
+            row = dict.fromkeys(RESULT_KEYS) | dict(mode=mode, batch=batch)
             folder = None if profile_dir is None else profile_dir / f"{mode}_B{batch}"
             window = None
             try:
@@ -255,7 +269,11 @@ def sweep(params, config, *, batches, modes, context, prompt_len, steps, check, 
                                                check=check, tokens=tokens, positions=positions, reference=reference,
                                                profile_dir=folder)
                 reference = reference or ref | dict(mode=mode)
-                row.update(fields, ratio_to_floor=fields["p50_ms"] / floor_ms, reference_mode=reference["mode"])
+                per_layer = fields["active_experts_per_layer"]
+                floor_ms = 1e3 * step_bytes(config, batch, context, per_layer, dtype) / hbm_bytes_per_s
+                row.update(fields, floor_ms=floor_ms, ratio_to_floor=fields["p50_ms"] / floor_ms,
+                           active_experts=float(np.mean(per_layer)) if per_layer else 0.0,
+                           reference_mode=reference["mode"])
             except Exception as e:  # noqa: BLE001 -- the sweep goes on; the row says why this one failed
                 row["error"] = f"{type(e).__name__}: {e}"[:1000]
             results.append(row)
@@ -290,14 +308,18 @@ def markdown(results, modes, batches) -> str:
             parts.append(f"tokens agree {100 * r['tokens_agree']:.0f}%")
         return ", ".join(parts)
 
-    floors = {r["batch"]: r["floor_ms"] for r in results}
+    floors = {}  # per batch, the first mode's that has one (each mode's is from its own routing)
+    for r in results:
+        if r["floor_ms"] is not None:
+            floors.setdefault(r["batch"], r["floor_ms"])
     lines = ["| B | floor ms | " + " | ".join(modes) + " |", "|---" * (len(modes) + 2) + "|"]
     for b in batches:
-        lines.append(f"| {b} | {floors[b]:.3f} | " + " | ".join(fmt(cell.get((m, b))) for m in modes) + " |")
+        floor = f"{floors[b]:.3f}" if b in floors else "-"
+        lines.append(f"| {b} | {floor} | " + " | ".join(fmt(cell.get((m, b))) for m in modes) + " |")
     lines.append("")
     lines.append("Cell: per-token latency p50 / p99 (ms), tokens/s (B / p50), p50 over the floor, GPU idle of a "
-                 "profiled step; the floor is decode_bytes over the HBM read bandwidth, with the expected active "
-                 "experts of uniform routing.")
+                 "profiled step; the floor is decode_bytes over the HBM read bandwidth, with the active experts "
+                 "per MoE layer counted from the timed steps' routing (the first mode's).")
     return "\n".join(lines) + "\n"
 
 

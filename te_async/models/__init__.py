@@ -10,6 +10,10 @@ over a params pytree, with the routed experts through te_async.grouped_mlp.
     config = preset("deepseek-v2-lite", num_hidden_layers=2); params = init_params(config, key)
     decode_bytes(config, batch, context_len, active_experts)   # for a bandwidth floor
 
+params["layers"] and the cache hold one entry per run of consecutive layers of one structure
+(layer_runs), stacked on a leading layer axis: the decoder scans each run. per_layer(params["layers"])
+lists the layers one by one; stack_layers stacks them back.
+
 Files: config.py (Config from config.json), presets.py, params.py (pytree layout, init), hf.py
 (loading), norm.py, rope.py, attention.py (grouped-query), mla.py (DeepSeek latent attention),
 cache.py, ffn.py (dense SwiGLU), routing.py, moe_layer.py (MoE block), model.py (forward, prefill,
@@ -22,7 +26,7 @@ from .cost import decode_bytes
 from .hf import load_hf
 from .model import decode_step, forward, generate, prefill
 from .moe_layer import EXPERTS
-from .params import init_params, param_shapes
+from .params import init_params, layer_runs, param_shapes, per_layer, stack_layers
 from .presets import PUBLISHED, preset
 
 __all__ = [
@@ -38,8 +42,11 @@ __all__ = [
     "generate",
     "init_cache",
     "init_params",
+    "layer_runs",
     "load_hf",
     "param_shapes",
+    "per_layer",
     "prefill",
     "preset",
+    "stack_layers",
 ]

@@ -4,10 +4,12 @@ Called two ways. `position=None`: a whole sequence from position 0 (forward, pre
 its own keys; with a cache, the keys and values are also written at 0. `position` set: new tokens
 at `position` (decode); their keys and values are written into the cache there and the queries
 attend to the whole cache, masked to the positions before them. The cache holds k (after q/k norm
-and rope) and v, [B, max_len, kv_heads, head_dim] each.
+and rope) and v, [B, max_len, kv_heads, head_dim] each; inside the decoder's scan over a run of
+layers each is a LayerOf the run's stacked array, which `write` updates in place (only the new
+entries) and `read` slices.
 """
 
-from typing import Optional
+from typing import NamedTuple, Optional, Union
 
 import jax
 import jax.numpy as jnp
@@ -45,11 +47,33 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: flo
     return out.reshape(b, s, h, v.shape[-1])
 
 
-def write(cache_array: jax.Array, new: jax.Array, position) -> jax.Array:
-    """new [B, S, ...] into cache_array [B, max_len, ...] at `position` along axis 1."""
+class LayerOf(NamedTuple):
+    """Layer `index` of a stacked cache array [layers, B, max_len, ...] (cache.py)."""
+
+    stack: jax.Array
+    index: Union[int, jax.Array]
+
+
+def write(cache_array, new: jax.Array, position):
+    """new [B, S, ...] into cache_array [B, max_len, ...] at `position` along axis 1; a LayerOf
+    gets new written into its layer of the stack (a dynamic_update_slice of the new entries alone)."""
     zero = jnp.zeros((), jnp.int32)
+    if isinstance(cache_array, LayerOf):
+        stack, index = cache_array
+        start = (jnp.asarray(index, jnp.int32), zero, jnp.asarray(position, jnp.int32)) + (zero,) * (stack.ndim - 3)
+        return LayerOf(jax.lax.dynamic_update_slice(stack, new[None].astype(stack.dtype), start), index)
     start = (zero, jnp.asarray(position, jnp.int32)) + (zero,) * (cache_array.ndim - 2)
     return jax.lax.dynamic_update_slice(cache_array, new.astype(cache_array.dtype), start)
+
+
+def read(cache_array) -> jax.Array:
+    """The [B, max_len, ...] array of a cache entry (a LayerOf's layer of the stack)."""
+    if not isinstance(cache_array, LayerOf):
+        return cache_array
+    stack, index = cache_array
+    if isinstance(index, int):
+        return stack[index] if stack.shape[0] > 1 else stack.reshape(stack.shape[1:])
+    return jax.lax.dynamic_index_in_dim(stack, index, axis=0, keepdims=False)
 
 
 def gqa_attention(p: dict, cfg, x: jax.Array, cos: jax.Array, sin: jax.Array, cache: Optional[dict],
@@ -70,7 +94,8 @@ def gqa_attention(p: dict, cfg, x: jax.Array, cos: jax.Array, sin: jax.Array, ca
             cache = {"k": write(cache["k"], k, 0), "v": write(cache["v"], v, 0)}
     else:
         cache = {"k": write(cache["k"], k, position), "v": write(cache["v"], v, position)}
+        keys, values = read(cache["k"]), read(cache["v"])
         q_pos = position + jnp.arange(s, dtype=jnp.int32)
-        k_pos = jnp.arange(cache["k"].shape[1], dtype=jnp.int32)
-        out = attend(q, cache["k"], cache["v"], causal_mask(q_pos, k_pos, window), scale)
+        k_pos = jnp.arange(keys.shape[1], dtype=jnp.int32)
+        out = attend(q, keys, values, causal_mask(q_pos, k_pos, window), scale)
     return linear(out.reshape(b, s, -1), p["wo"], p.get("bo")), cache

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .cache import cache_shapes
-from .params import param_shapes
+from .params import layer_runs, param_shapes
 
 
 def _nbytes(tree) -> int:
@@ -28,20 +28,24 @@ def decode_bytes(config, batch: int, context_len: int, active_experts: Union[int
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
     shapes = param_shapes(config, dtype)
-    moe_layers = [i for i, layer in enumerate(shapes["layers"]) if "moe" in layer]
-    active = [active_experts] * len(moe_layers) if np.ndim(active_experts) == 0 else list(active_experts)
-    if len(active) != len(moe_layers):
-        raise ValueError(f"active_experts has {len(active)} entries for {len(moe_layers)} MoE layers")
+    runs = layer_runs(config)
+    n_moe = sum(n for (_, n), run in zip(runs, shapes["layers"]) if "moe" in run)
+    active = [active_experts] * n_moe if np.ndim(active_experts) == 0 else list(active_experts)
+    if len(active) != n_moe:
+        raise ValueError(f"active_experts has {len(active)} entries for {n_moe} MoE layers")
     limit = min(config.num_experts, batch * config.num_experts_per_tok)
     if any(not 0 < a <= limit for a in active):
         raise ValueError(f"active experts per layer must be in [1, {limit}] at batch {batch}, got {active}")
-    total = sum(_nbytes({k: v for k, v in layer.items() if k != "moe"}) for layer in shapes["layers"])
-    for i, a in zip(moe_layers, active):
-        moe = dict(shapes["layers"][i]["moe"])
-        experts = _nbytes({"w_fc1": moe.pop("w_fc1"), "w_fc2": moe.pop("w_fc2")})
-        total += _nbytes(moe) + experts * a // config.num_experts
+    total = 0
+    for (_, n), run in zip(runs, shapes["layers"]):  # each run's leaves hold its n layers
+        total += _nbytes({k: v for k, v in run.items() if k != "moe"})
+        if "moe" in run:
+            moe = dict(run["moe"])
+            experts = _nbytes({"w_fc1": moe.pop("w_fc1"), "w_fc2": moe.pop("w_fc2")}) // n  # one layer's
+            total += _nbytes(moe) + sum(experts * a // config.num_experts for a in active[:n])
+            active = active[n:]
     cache_item = jnp.dtype(cache_dtype or dtype).itemsize
-    per_token = sum(int(np.prod(s[2:])) for layer in cache_shapes(config, 1, 1) for s in layer.values())
+    per_token = sum(int(np.prod(s[:1] + s[3:])) for run in cache_shapes(config, 1, 1) for s in run.values())
     total += batch * context_len * per_token * cache_item
     row = config.hidden_size * jnp.dtype(dtype).itemsize
     total += batch * row + _nbytes(shapes["final_norm"]) + _nbytes(shapes.get("lm_head", shapes["embed"]))

@@ -10,6 +10,7 @@ error: a checkpoint with more layers or experts than its config.json is never si
 """
 
 import contextlib
+import functools
 import json
 import pathlib
 
@@ -18,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .config import read_config
-from .params import ROUTER_DTYPE, param_shapes
+from .params import ROUTER_DTYPE, layer_runs, param_shapes, per_layer
 
 # Buffers some checkpoints carry that are derived, not learned.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -162,6 +163,8 @@ def load_hf(path, dtype=None) -> tuple:
         raise ValueError(f"{directory}: not a model directory")
     config = read_config(directory)
     shapes = jax.tree_util.tree_map(lambda s: s.shape, param_shapes(config))
+    shapes["layers"] = [jax.tree_util.tree_map(lambda s: s.shape, layer)
+                        for layer in per_layer(param_shapes(config)["layers"])]
     with contextlib.ExitStack() as stack:
         ckpt = _Checkpoint(directory, stack)
         embed = ckpt.get("model.embed_tokens.weight", shapes["embed"])
@@ -172,7 +175,7 @@ def load_hf(path, dtype=None) -> tuple:
             params["lm_head"] = put(ckpt.get("lm_head.weight", shapes["lm_head"]))
         else:  # tied: transformers ties lm_head.weight to the embedding whatever the file holds
             ckpt.used.add("lm_head.weight")
-        params["layers"] = []
+        layers = []
         for i, s in enumerate(shapes["layers"]):
             prefix = f"model.layers.{i}."
             layer = {"attn_norm": ckpt.get(f"{prefix}input_layernorm.weight", s["attn_norm"]),
@@ -182,9 +185,24 @@ def load_hf(path, dtype=None) -> tuple:
                 layer["moe"] = _moe(ckpt, prefix, config.model_type, s["moe"])
             else:
                 layer["mlp"] = _mlp(ckpt, f"{prefix}mlp.", _MLP_NAMES, s["mlp"])
-            params["layers"].append(_to_device(layer, put))
+            layers.append(_to_device(layer, put))
+            run = next(r for r, (start, n) in enumerate(layer_runs(config)) if start <= i < start + n)
+            start, n = layer_runs(config)[run]
+            if i == start:
+                stack = jax.tree_util.tree_map(lambda a: jnp.zeros((n, *a.shape), a.dtype), layers[-1])
+            stack = _set_layer(stack, layers.pop(), jnp.asarray(i - start, jnp.int32))
+            if i == start + n - 1:
+                params.setdefault("layers", []).append(stack)
         ckpt.check_all_used()
     return params, config
+
+
+@functools.partial(jax.jit, donate_argnums=0)
+def _set_layer(stack, layer, index):
+    """Layer `index` of a run's stacked params set to `layer`, in place (the stack is donated), so
+    that loading holds the device's copy of the weights and one layer more, never two copies."""
+    return jax.tree_util.tree_map(lambda s, a: jax.lax.dynamic_update_index_in_dim(s, a.astype(s.dtype), index, 0),
+                                  stack, layer)
 
 
 def _to_device(tree: dict, put) -> dict:

@@ -20,7 +20,7 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from .attention import attend, causal_mask, linear, write
+from .attention import attend, causal_mask, linear, read, write
 from .config import yarn_mscale
 from .norm import rms_norm
 from .rope import apply_rope, interleaved_to_half
@@ -72,6 +72,7 @@ def _absorbed(q_nope, q_pe, w_kv, cache, position, window, scale, nope) -> jax.A
     """Attention straight over the compressed cache: [B,S,heads,v_head_dim]."""
     f32 = jnp.float32
     dtype = q_nope.dtype
+    cache = {"ckv": read(cache["ckv"]), "kpe": read(cache["kpe"])}
     q_latent = jnp.einsum("bshd,rhd->bshr", q_nope, w_kv[..., :nope], preferred_element_type=f32).astype(dtype)
     scores = (jnp.einsum("bshr,blr->bshl", q_latent, cache["ckv"], preferred_element_type=f32)
               + jnp.einsum("bshd,bld->bshl", q_pe, cache["kpe"], preferred_element_type=f32)) * scale

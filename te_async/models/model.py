@@ -1,7 +1,12 @@
 """The decoder and its entry points: forward (whole sequence, no cache), prefill (fills a KV
 cache), decode_step (one jitted step against the cache) and greedy generate.
 
-Layers run unrolled (they differ: DeepSeek's first layer is dense). Token ids are checked on the
+Layers run by runs (params.layer_runs): a run of one layer runs inline, under the named scope
+`layer{i}`; a longer run of consecutive layers of one structure is one jax.lax.scan over its
+stacked params and cache, under the named scope `layers{first}-{last}`, so that the compiled
+program holds one body per run whatever the depth (DeepSeek-V2-Lite: `layer0`, dense, then
+`layers1-26`). Inside a scan body each layer writes only its new cache entries into the run's
+stacked cache (a carry, updated in place) and reads its layer of it. Token ids are checked on the
 host where the values are at hand (forward, prefill, generate); inside jit, where they are not, an
 id out of range and a decode position past the cache give NaN logits instead of a silent answer.
 """
@@ -13,14 +18,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .attention import gqa_attention
-from .cache import cache_length, cache_shapes, init_cache
+from .attention import LayerOf, gqa_attention
+from .cache import cache_batch, cache_length, cache_shapes, init_cache
 from .config import Config
 from .ffn import swiglu_mlp
 from .mla import mla_attention
 from .moe_layer import check_experts, moe_block
 from .norm import rms_norm
-from .params import check_params
+from .params import check_params, layer_runs
 from .rope import cos_sin
 
 _STATIC = ("config", "group_sizes_mode", "experts")
@@ -32,8 +37,28 @@ def _embed(embed: jax.Array, tokens: jax.Array) -> jax.Array:
     return jnp.where(valid[..., None], x, jnp.nan)
 
 
+def scope_name(start: int, n: int) -> str:
+    """The named scope of a run of n layers from layer `start` (op_name metadata carries it)."""
+    return f"layer{start}" if n == 1 else f"layers{start}-{start + n - 1}"
+
+
+def _layer(p, cfg: Config, x, cos, sin, cache, position, window, group_sizes_mode, experts) -> tuple:
+    """One decoder layer: (x, its cache entries, the experts its tokens chose [B*S, k] or None)."""
+    attention = mla_attention if cfg.is_mla else gqa_attention
+    eps = cfg.rms_norm_eps
+    a, cache = attention(p["attn"], cfg, rms_norm(x, p["attn_norm"], eps), cos, sin, cache, position, window)
+    x = x + a
+    h = rms_norm(x, p["mlp_norm"], eps)
+    if "moe" in p:
+        y, chosen = moe_block(p["moe"], cfg, h, group_sizes_mode=group_sizes_mode, experts=experts,
+                              return_routing=True)
+        return x + y, cache, chosen
+    return x + swiglu_mlp(p["mlp"], h), cache, None
+
+
 def _decoder(params, cfg: Config, tokens, cache, position, group_sizes_mode, experts) -> tuple:
-    """Final-normed hidden states [B, S, H] and the updated cache (None without one)."""
+    """(final-normed hidden states [B, S, H], the updated cache (None without one), the experts
+    the tokens chose in each MoE layer: int32 [moe_layers, B*S, k])."""
     check_experts(experts, group_sizes_mode)
     check_params(params, cfg)
     if tokens.ndim != 2 or not jnp.issubdtype(tokens.dtype, jnp.integer):
@@ -41,21 +66,30 @@ def _decoder(params, cfg: Config, tokens, cache, position, group_sizes_mode, exp
     x = _embed(params["embed"], tokens.astype(jnp.int32))
     positions = (0 if position is None else position) + jnp.arange(tokens.shape[1], dtype=jnp.int32)
     cos, sin = cos_sin(positions, cfg.rope_dim, cfg.rope_theta, cfg.rope_scaling)
-    attention = mla_attention if cfg.is_mla else gqa_attention
-    eps = cfg.rms_norm_eps
-    new_cache = []
-    for i, layer in enumerate(params["layers"]):
-        with jax.named_scope(f"layer{i}"):
-            a, c = attention(layer["attn"], cfg, rms_norm(x, layer["attn_norm"], eps), cos, sin,
-                             None if cache is None else cache[i], position, cfg.window(i))
-            x = x + a
-            h = rms_norm(x, layer["mlp_norm"], eps)
-            if "moe" in layer:
-                x = x + moe_block(layer["moe"], cfg, h, group_sizes_mode=group_sizes_mode, experts=experts)
+    new_cache, routing = [], []
+    for r, (start, n) in enumerate(layer_runs(cfg)):
+
+        def body(carry, xs, window=cfg.window(start)):
+            x, stack = carry
+            p, index = xs
+            view = None if stack is None else {k: LayerOf(a, index) for k, a in stack.items()}
+            x, view, chosen = _layer(p, cfg, x, cos, sin, view, position, window, group_sizes_mode, experts)
+            return (x, None if view is None else {k: v.stack for k, v in view.items()}), chosen
+
+        carry = (x, None if cache is None else cache[r])
+        with jax.named_scope(scope_name(start, n)):
+            if n == 1:  # a run of one layer: inline, its params without the layer axis (a bitcast)
+                layer = jax.tree_util.tree_map(lambda a: a.reshape(a.shape[1:]), params["layers"][r])
+                (x, stack), chosen = body(carry, (layer, 0))
+                chosen = None if chosen is None else chosen[None]
             else:
-                x = x + swiglu_mlp(layer["mlp"], h)
-            new_cache.append(c)
-    return rms_norm(x, params["final_norm"], eps), None if cache is None else new_cache
+                (x, stack), chosen = jax.lax.scan(body, carry, (params["layers"][r], jnp.arange(n, dtype=jnp.int32)))
+        new_cache.append(stack)
+        if chosen is not None:
+            routing.append(chosen)
+    b, s = tokens.shape
+    routing = jnp.concatenate(routing) if routing else jnp.zeros((0, b * s, cfg.num_experts_per_tok), jnp.int32)
+    return rms_norm(x, params["final_norm"], cfg.rms_norm_eps), None if cache is None else new_cache, routing
 
 
 def _logits(params, x: jax.Array) -> jax.Array:
@@ -66,32 +100,58 @@ def _logits(params, x: jax.Array) -> jax.Array:
 
 @functools.partial(jax.jit, static_argnames=_STATIC)
 def _forward(params, config, tokens, group_sizes_mode, experts):
-    x, _ = _decoder(params, config, tokens, None, None, group_sizes_mode, experts)
+    x, _, _ = _decoder(params, config, tokens, None, None, group_sizes_mode, experts)
     return _logits(params, x)
 
 
 @functools.partial(jax.jit, static_argnames=_STATIC, donate_argnames=("cache",))
 def _prefill(params, config, cache, tokens, group_sizes_mode, experts):
-    x, cache = _decoder(params, config, tokens, cache, None, group_sizes_mode, experts)
+    x, cache, _ = _decoder(params, config, tokens, cache, None, group_sizes_mode, experts)
     return _logits(params, x[:, -1]), cache
 
 
-@functools.partial(jax.jit, static_argnames=_STATIC, donate_argnames=("cache",))
-def decode_step(params, config: Config, cache: list, tokens: jax.Array, position, *,
-                group_sizes_mode: Optional[str] = None, experts: str = "te_async") -> tuple:
-    """(logits [B, V] float32 of the last token, cache) for tokens [B, T] (T = 1 in a decode step)
-    at positions position .. position + T - 1, attending to the cache before them.
-
-    Jitted on its own (config, group_sizes_mode and experts static; position traced, so one
-    compilation serves every step). The cache is donated: keep the returned one. The step
-    attends over all max_len cache entries, masked; a position past the cache gives NaN logits.
-    """
-    if tokens.ndim != 2 or tokens.shape[0] != jax.tree_util.tree_leaves(cache)[0].shape[0]:
+@functools.partial(jax.jit, static_argnames=_STATIC + ("return_routing",), donate_argnames=("cache",))
+def _decode_step(params, config, cache, tokens, position, group_sizes_mode, experts, return_routing):
+    if tokens.ndim != 2 or tokens.shape[0] != cache_batch(cache):
         raise ValueError(f"tokens must be [batch, T] with the cache's batch, got {tuple(tokens.shape)}")
-    position = jnp.asarray(position, jnp.int32)
-    x, cache = _decoder(params, config, tokens, cache, position, group_sizes_mode, experts)
+    x, cache, routing = _decoder(params, config, tokens, cache, position, group_sizes_mode, experts)
     fits = (position >= 0) & (position + tokens.shape[1] <= cache_length(cache))
-    return jnp.where(fits, _logits(params, x[:, -1]), jnp.nan), cache
+    logits = jnp.where(fits, _logits(params, x[:, -1]), jnp.nan)
+    return (logits, cache, routing) if return_routing else (logits, cache)
+
+
+def _position(position) -> jax.Array:
+    """position as an int32 scalar (a device array outside jit), whatever integer kind it came as."""
+    if np.ndim(position) != 0 or not jnp.issubdtype(jnp.result_type(position), jnp.integer):
+        raise ValueError(f"position must be an integer scalar, got {position!r}")
+    return jnp.asarray(position, jnp.int32)
+
+
+def decode_step(params, config: Config, cache: list, tokens: jax.Array, position, *,
+                group_sizes_mode: Optional[str] = None, experts: str = "te_async",
+                return_routing: bool = False) -> tuple:
+    """(logits [B, V] float32 of the last token, cache) for tokens [B, T] (T = 1 in a decode step)
+    at positions position .. position + T - 1, attending to the cache before them. With
+    return_routing, (logits, cache, routing): the experts each token chose in each MoE layer, in
+    layer order, int32 [moe_layers, B*T, top_k] (row b*T + t is token [b, t]).
+
+    One jitted function (config, group_sizes_mode, experts and return_routing static). The
+    position is traced: it is made an int32 scalar first, so a Python int, a numpy integer and a
+    jax int32 scalar all run the same compilation, which serves every step. The cache is donated:
+    keep the returned one. The step attends over all max_len cache entries, masked; a position
+    past the cache gives NaN logits. decode_step.lower(...) takes the same arguments.
+    """
+    return _decode_step(params, config, cache, tokens, _position(position), group_sizes_mode, experts,
+                        return_routing)
+
+
+def _lower_decode_step(params, config, cache, tokens, position, *, group_sizes_mode=None, experts="te_async",
+                       return_routing=False):
+    position = position if isinstance(position, jax.ShapeDtypeStruct) else _position(position)
+    return _decode_step.lower(params, config, cache, tokens, position, group_sizes_mode, experts, return_routing)
+
+
+decode_step.lower = _lower_decode_step
 
 
 def _check_tokens(tokens, config) -> jax.Array:

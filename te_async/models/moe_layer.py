@@ -45,8 +45,10 @@ def _ragged_dot_experts(x: jax.Array, group_sizes: jax.Array, w_fc1: jax.Array, 
     return jax.lax.ragged_dot(a, w_fc2, group_sizes, preferred_element_type=jnp.float32).astype(x.dtype)
 
 
-def moe_block(p: dict, cfg, x: jax.Array, *, group_sizes_mode: Optional[str], experts: str) -> jax.Array:
-    """x [..., H], the post-attention RMSNorm's output, -> the block's output, same shape."""
+def moe_block(p: dict, cfg, x: jax.Array, *, group_sizes_mode: Optional[str], experts: str,
+              return_routing: bool = False):
+    """x [..., H], the post-attention RMSNorm's output, -> the block's output, same shape; with
+    return_routing, (output, the experts each token chose: int32 [tokens, top_k])."""
     shape = x.shape
     x = x.reshape(-1, shape[-1])
     with jax.named_scope("router"):
@@ -78,4 +80,4 @@ def moe_block(p: dict, cfg, x: jax.Array, *, group_sizes_mode: Optional[str], ex
         y = combine(y_rows, dispatch, routing.weights)
     if shared is not None:
         y = y + shared
-    return y.reshape(shape)
+    return (y.reshape(shape), routing.experts) if return_routing else y.reshape(shape)

@@ -2,8 +2,12 @@
 checks and decode_bytes), and random params of those shapes.
 
 Layout: {"embed" [V,H], "final_norm" [H], "lm_head" [V,H] (absent when tied to embed),
-"layers": [per layer {"attn_norm", "mlp_norm", "attn": {...}, and "mlp" (dense) or "moe"}]}.
-Linear weights are [in, out]. The routed experts are "w_fc1" [E,H,2F] as [gate | up] and "w_fc2"
+"layers": [per run of layers {"attn_norm", "mlp_norm", "attn": {...}, and "mlp" (dense) or "moe"}]}.
+A run (layer_runs) is a maximal run of consecutive decoder layers of one structure (dense or MoE,
+one attention window); its dict holds the per-layer leaves stacked on a leading layer axis, so
+that the decoder runs it as one jax.lax.scan (DeepSeek-V2-Lite: a run of 1 dense layer, then one
+of 26 MoE layers). per_layer(params["layers"]) gives the per-layer dicts (views of the stacks),
+stack_layers the reverse. Linear weights are [in, out]. The routed experts are "w_fc1" [E,H,2F] as [gate | up] and "w_fc2"
 [E,F,H], grouped_mlp's layout. Routers are float32 whatever the model's dtype: routing decisions
 are sensitive, and DeepSeek-V2 keeps its gate in float32 (transformers' _keep_in_fp32_modules).
 """
@@ -56,17 +60,54 @@ def _moe_shapes(c) -> dict:
     return s
 
 
+def layer_runs(config) -> tuple:
+    """((first layer, number of layers), ...): the maximal runs of consecutive layers that share
+    a structure (dense or MoE, and the attention window), in order."""
+    runs = []
+    for i in range(config.num_hidden_layers):
+        key = (config.is_moe_layer(i), config.window(i))
+        if runs and runs[-1][2] == key:
+            runs[-1][1] += 1
+        else:
+            runs.append([i, 1, key])
+    return tuple((start, n) for start, n, _ in runs)
+
+
+def _is_shape(x) -> bool:
+    return isinstance(x, tuple)
+
+
+def per_layer(layers: list) -> list:
+    """The per-layer dicts of params["layers"] (or of param_shapes' or a cache's runs): leaf [i]
+    of each stacked run (a jax.ShapeDtypeStruct leaf loses its leading axis)."""
+    out = []
+    for run in layers:
+        n = jax.tree_util.tree_leaves(run)[0].shape[0]
+        take = lambda j: lambda a: (jax.ShapeDtypeStruct(a.shape[1:], a.dtype)
+                                    if isinstance(a, jax.ShapeDtypeStruct) else a[j])
+        out.extend(jax.tree_util.tree_map(take(j), run) for j in range(n))
+    return out
+
+
+def stack_layers(layers: list, config) -> list:
+    """params["layers"] from per-layer dicts (the reverse of per_layer): jnp.stack per run."""
+    if len(layers) != config.num_hidden_layers:
+        raise ValueError(f"{len(layers)} layers for a config of {config.num_hidden_layers}")
+    return [jax.tree_util.tree_map(lambda *a: jnp.stack(a), *layers[start:start + n])
+            for start, n in layer_runs(config)]
+
+
 def param_shapes(config, dtype=jnp.bfloat16) -> dict:
-    """The params pytree with jax.ShapeDtypeStruct leaves."""
+    """The params pytree with jax.ShapeDtypeStruct leaves (each run's leaves [layers, ...])."""
     c = config
     layers = []
-    for i in range(c.num_hidden_layers):
+    for start, n in layer_runs(c):
         layer = {"attn_norm": (c.hidden_size,), "mlp_norm": (c.hidden_size,), "attn": _attention_shapes(c)}
-        if c.is_moe_layer(i):
+        if c.is_moe_layer(start):
             layer["moe"] = _moe_shapes(c)
         else:
             layer["mlp"] = _mlp_shapes(c.hidden_size, c.intermediate_size)
-        layers.append(layer)
+        layers.append(jax.tree_util.tree_map(lambda s, n=n: (n, *s), layer, is_leaf=_is_shape))
     tree = {"embed": (c.vocab_size, c.hidden_size), "final_norm": (c.hidden_size,), "layers": layers}
     if not c.tie_word_embeddings:
         tree["lm_head"] = (c.vocab_size, c.hidden_size)
@@ -75,7 +116,7 @@ def param_shapes(config, dtype=jnp.bfloat16) -> dict:
         name = path[-1].key
         return jax.ShapeDtypeStruct(shape, ROUTER_DTYPE if name == "router" else dtype)
 
-    return jax.tree_util.tree_map_with_path(leaf, tree, is_leaf=lambda x: isinstance(x, tuple))
+    return jax.tree_util.tree_map_with_path(leaf, tree, is_leaf=_is_shape)
 
 
 @functools.partial(jax.jit, static_argnames=("config", "dtype"))
