@@ -58,7 +58,7 @@ def gemm_shape(lhs, group_sizes, out_type, ragged: str, transpose_rhs: bool) -> 
 
 def grouped_gemm_call(lhs, rhs, group_sizes, out_type, shape: plan.GemmShape, mode: str,
                       host_group_sizes: Optional[HostGroupSizes] = None) -> jax.Array:
-    """The FFI call of a checked grouped GEMM in a resolved mode (grouped_mlp calls this directly)."""
+    """The FFI call of a checked grouped GEMM in a resolved mode."""
     form = dict(ragged_k=shape.ragged_k, transpose_rhs=shape.transpose_rhs)
     if mode == "device":
         device_plan = plan.plan_device_gemm(shape)

@@ -99,12 +99,11 @@ def _local_gpu_kinds() -> set:
     return {_device_kind(d.local_hardware_id) for d in jax.local_devices(backend="gpu")}
 
 
-def plan_device_gemm(shape: GemmShape) -> DevicePlan:
-    """The plan for every local GPU (one plan: GPUs of different kinds must agree on the kernel
-    and config; the workspace is the largest any of them needs). ("cpu", "", 0) off the GPU."""
-    if not (_ffi.gpu_present() and jax.default_backend() == "gpu"):
-        return DevicePlan("cpu", "", 0)
-    settings = read_settings()
+def _on_gpu() -> bool:
+    return _ffi.gpu_present() and jax.default_backend() == "gpu"
+
+
+def _plan(shape: GemmShape, settings: Settings) -> DevicePlan:
     plans = {DevicePlan(*_ffi.cuda_module().plan_device_gemm(*shape.static_args(), cc, sms, *settings))
              for cc, sms in sorted(_local_gpu_kinds())}
     if len({(p.kernel, p.config) for p in plans}) > 1:
@@ -113,15 +112,18 @@ def plan_device_gemm(shape: GemmShape) -> DevicePlan:
     return max(plans, key=lambda p: p.workspace_bytes)
 
 
+def plan_device_gemm(shape: GemmShape) -> DevicePlan:
+    """The plan for every local GPU (one plan: GPUs of different kinds must agree on the kernel
+    and config; the workspace is the largest any of them needs). ("cpu", "", 0) off the GPU."""
+    return _plan(shape, read_settings()) if _on_gpu() else DevicePlan("cpu", "", 0)
+
+
 def device_mode_is_fast(shapes: Iterable[GemmShape]) -> bool:
     """Whether device mode has a fast kernel for every GEMM a call will run (forward, dgrad and
     wgrad shapes alike): small_groups, CUTLASS, or the portable kernel at decode sizes, where its
-    work is small; off the GPU every mode runs the same reference, so device mode always is."""
-    limit = None
-    for shape in shapes:
-        kernel = plan_device_gemm(shape).kernel
-        if kernel == "portable":
-            limit = read_settings().small_groups_max_rows if limit is None else limit
-            if shape.rows > limit:
-                return False
-    return True
+    work is small; off the GPU every mode runs the same reference, so device mode always is. The
+    settings are read once for all the shapes."""
+    if not _on_gpu():
+        return True
+    settings = read_settings()
+    return all(_plan(s, settings).kernel != "portable" or s.rows <= settings.small_groups_max_rows for s in shapes)

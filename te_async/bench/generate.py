@@ -51,8 +51,8 @@ dense layers, shared experts, routers, LM head), the KV cache up to --context, a
 experts the batch activates. active, per MoE layer, is counted from the routing: the timed steps
 run decode_step(..., return_routing=True) (every step of a mode does, so that one compilation
 serves them all), and each MoE layer's count is the number of distinct experts its B tokens
-chose, the mean over the timed steps. decode_bytes is linear in each layer's count, so a
-fractional mean is interpolated between the integers around it. Each row counts its own mode's
+chose, the mean over the timed steps; decode_bytes is linear in each layer's count and takes the
+fractional mean as it is. Each row counts its own mode's
 routing (the modes see the same tokens and cache, so they agree but for near ties).
 
 Memory. The run prints the weights' and the largest cache's bytes first (bfloat16, all layers,
@@ -66,7 +66,6 @@ import argparse
 import dataclasses
 import functools
 import json
-import math
 import time
 
 import jax
@@ -74,6 +73,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import GROUP_SIZES_MODES, models
+from ..models.cost import tree_bytes
 from . import decode, presets, timing, trace
 
 MODES = {m: dict(group_sizes_mode=m, experts="te_async") for m in ("sync", "async", "device") if m in GROUP_SIZES_MODES}
@@ -118,22 +118,6 @@ def truncate(params: dict, config, layers: int) -> tuple:
     return {**params, "layers": runs}, short
 
 
-def step_bytes(config, batch: int, context: int, active, dtype) -> float:
-    """te_async.models.decode_bytes at fractional numbers of active experts (one for every MoE
-    layer, or one per MoE layer): it is linear in each, so interpolate between the integers."""
-    moe_layers = sum(map(config.is_moe_layer, range(config.num_hidden_layers)))
-    active = [active] * moe_layers if np.ndim(active) == 0 else [float(a) for a in active]
-    lo = [max(1, math.floor(a)) for a in active]
-    low = models.decode_bytes(config, batch, context, lo, dtype=dtype)
-    frac = sum(max(0.0, a - f) for a, f in zip(active, lo))
-    if frac == 0:
-        return float(low)
-    moe = next(run["moe"] for run in models.param_shapes(config, dtype)["layers"] if "moe" in run)
-    layers, experts = moe["w_fc1"].shape[:2]
-    expert_bytes = (moe["w_fc1"].size + moe["w_fc2"].size) * jnp.dtype(dtype).itemsize // (layers * experts)
-    return low + frac * expert_bytes
-
-
 def count_active_experts(routing: list) -> list:
     """Per MoE layer, the mean over steps of the distinct experts in a step's routing
     (decode_step's int32 [moe_layers, tokens, k])."""
@@ -173,10 +157,6 @@ def filled_cache(params, config, batch: int, context: int, prompt_len: int, seed
 
 
 # ------------------------------------------------------------------------------------ one mode
-
-
-def _nbytes(tree) -> int:
-    return sum(math.prod(a.shape) * jnp.dtype(a.dtype).itemsize for a in jax.tree_util.tree_leaves(tree))
 
 
 def _argmax(logits):
@@ -270,7 +250,7 @@ def sweep(params, config, *, batches, modes, context, prompt_len, steps, check, 
                                                profile_dir=folder)
                 reference = reference or ref | dict(mode=mode)
                 per_layer = fields["active_experts_per_layer"]
-                floor_ms = 1e3 * step_bytes(config, batch, context, per_layer, dtype) / hbm_bytes_per_s
+                floor_ms = 1e3 * models.decode_bytes(config, batch, context, per_layer, dtype=dtype) / hbm_bytes_per_s
                 row.update(fields, floor_ms=floor_ms, ratio_to_floor=fields["p50_ms"] / floor_ms,
                            active_experts=float(np.mean(per_layer)) if per_layer else 0.0,
                            reference_mode=reference["mode"])
@@ -378,9 +358,9 @@ def run(args) -> dict:
     print(f"generate: {args.hf or preset}, {config.model_type}, {config.num_hidden_layers} layers ({moe_layers} MoE: "
           f"{config.num_experts} experts, top-{config.num_experts_per_tok}), {params['embed'].dtype}, "
           f"weights ready in {time.perf_counter() - t0:.1f} s", flush=True)
-    cache_bytes = _nbytes(jax.eval_shape(lambda: models.init_cache(config, max(batches), context, params["embed"].dtype)))
+    cache_bytes = tree_bytes(jax.eval_shape(lambda: models.init_cache(config, max(batches), context, params["embed"].dtype)))
     size = lambda n: f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.2f} MB"
-    print(f"  weights {size(_nbytes(params))}; cache {size(cache_bytes)} at batch {max(batches)}", flush=True)
+    print(f"  weights {size(tree_bytes(params))}; cache {size(cache_bytes)} at batch {max(batches)}", flush=True)
     hbm = timing.hbm_bandwidth(args.hbm_gib)
     print(f"  HBM read bandwidth {hbm / 1e12:.2f} TB/s; context {context} (prompt {args.prompt} + random), "
           f"{steps} timed steps, batches {batches}, modes {modes}", flush=True)

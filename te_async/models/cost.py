@@ -10,16 +10,18 @@ from .cache import cache_shapes
 from .params import layer_runs, param_shapes
 
 
-def _nbytes(tree) -> int:
+def tree_bytes(tree) -> int:
+    """Bytes of the arrays (or ShapeDtypeStructs) of a pytree."""
     return sum(int(np.prod(s.shape)) * jnp.dtype(s.dtype).itemsize for s in jax.tree_util.tree_leaves(tree))
 
 
-def decode_bytes(config, batch: int, context_len: int, active_experts: Union[int, Sequence[int]], *,
-                 dtype=jnp.bfloat16, cache_dtype=None) -> int:
+def decode_bytes(config, batch: int, context_len: int, active_experts: Union[float, Sequence[float]], *,
+                 dtype=jnp.bfloat16, cache_dtype=None) -> Union[int, float]:
     """Bytes a decode step of `batch` tokens must read at context length `context_len` (the cached
     tokens attended to, the new one included): per layer the attention weights, norms, dense MLP,
-    router, shared experts and the `active_experts` routed experts the step's routing touches (an int
-    for every MoE layer, or one per MoE layer; at most min(num_experts, batch * top_k)), the KV
+    router, shared experts and the `active_experts` routed experts the step's routing touches (a count
+    for every MoE layer, or one per MoE layer; at most min(num_experts, batch * top_k); a mean over
+    steps may be fractional, and the bytes are linear in it, so the result is then a float), the KV
     cache up to context_len (cache_dtype, default dtype; MLA: the latent and the rope key), one
     embedding row per token, the final norm and the LM head. Weights in `dtype`, routers in float32
     (params.py). A step as decode_step runs it reads the whole max_len cache, masked: this is the floor.
@@ -38,15 +40,15 @@ def decode_bytes(config, batch: int, context_len: int, active_experts: Union[int
         raise ValueError(f"active experts per layer must be in [1, {limit}] at batch {batch}, got {active}")
     total = 0
     for (_, n), run in zip(runs, shapes["layers"]):  # each run's leaves hold its n layers
-        total += _nbytes({k: v for k, v in run.items() if k != "moe"})
+        total += tree_bytes({k: v for k, v in run.items() if k != "moe"})
         if "moe" in run:
             moe = dict(run["moe"])
-            experts = _nbytes({"w_fc1": moe.pop("w_fc1"), "w_fc2": moe.pop("w_fc2")}) // n  # one layer's
-            total += _nbytes(moe) + sum(experts * a // config.num_experts for a in active[:n])
+            expert = tree_bytes({"w_fc1": moe.pop("w_fc1"), "w_fc2": moe.pop("w_fc2")}) // (n * config.num_experts)
+            total += tree_bytes(moe) + sum(expert * a for a in active[:n])
             active = active[n:]
     cache_item = jnp.dtype(cache_dtype or dtype).itemsize
     per_token = sum(int(np.prod(s[:1] + s[3:])) for run in cache_shapes(config, 1, 1) for s in run.values())
     total += batch * context_len * per_token * cache_item
     row = config.hidden_size * jnp.dtype(dtype).itemsize
-    total += batch * row + _nbytes(shapes["final_norm"]) + _nbytes(shapes.get("lm_head", shapes["embed"]))
+    total += batch * row + tree_bytes(shapes["final_norm"]) + tree_bytes(shapes.get("lm_head", shapes["embed"]))
     return total
