@@ -9,7 +9,7 @@ from .gemm import grouped_gemm
 from .group_sizes import GROUP_SIZES_MODES, HostGroupSizes, copy_group_sizes
 from .expert_parallel import moe_block_ep
 from .mlp import grouped_mlp
-from . import models, plan
+from . import dense, models, plan
 
 __all__ = [
     "GROUP_SIZES_MODES",
@@ -17,6 +17,7 @@ __all__ = [
     "MAX_GROUPS",
     "copy_group_sizes",
     "cuda_extension_built",
+    "dense",
     "grouped_gemm",
     "grouped_mlp",
     "host_size_stats",

@@ -43,8 +43,8 @@ def _flatten(computations: dict, name: str) -> list:
 
 
 def layer_schedule(hlo: str, scope: str) -> dict:
-    """Positions of one run's copies, shared-expert instructions, permutation gathers and grouped
-    GEMMs (by their metadata op_name, under the run's named scope) in the scheduled computation
+    """Positions of one run's copies, shared-expert instructions, permutation gathers and routed
+    experts' grouped GEMMs (by their metadata op_name, under the run's named scope) in the scheduled computation
     that holds its copy: ENTRY for a run of one layer, the while loop's body for a scanned run
     (or ENTRY again if XLA unrolled that loop)."""
     computations = _computations(hlo)
@@ -58,12 +58,12 @@ def layer_schedule(hlo: str, scope: str) -> dict:
                 continue
             if "te_async_copy_group_sizes" in line:
                 where["copy"].append(i)
-            elif "te_async_grouped_gemm" in line:
-                where["gemm"].append(i)
-            elif "/shared_experts/" in op.group(1):
+            elif "/shared_experts/" in op.group(1):  # its dense GEMMs are te_async calls too (te_async.dense)
                 where["shared"].append(i)
             elif "/routed_experts/gather" in op.group(1):
                 where["gather"].append(i)
+            elif "te_async_grouped_gemm" in line and "/routed_experts/" in op.group(1):
+                where["gemm"].append(i)
         if where["copy"]:
             return where
     raise AssertionError(f"no computation holds a copy under the scope {scope}")

@@ -38,6 +38,14 @@ struct DeviceGemm {
 // code and the launch error, and returns an FFI error naming the failure. The handler has checked
 // the shape (CheckGroupedGemm) and the plan before.
 xla::ffi::Error LaunchSmallGroups(const DeviceGemm& g, cudaStream_t stream);  // small_group_gemm.cu
+// How small_groups splits K for a shape on a GPU of sm_count SMs (small_group_gemm.cu says why):
+// slices of slice_k k-rows, and the workspace the partial sums need (0 when slices == 1).
+struct SmallGroupsSplitK {
+  int slices = 1;
+  int slice_k = 0;
+  size_t workspace_bytes = 0;
+};
+SmallGroupsSplitK PlanSmallGroupsSplitK(const GroupedGemmShape& s, int sm_count);
 xla::ffi::Error LaunchPortable(const DeviceGemm& g, cudaStream_t stream);     // portable_grouped_gemm.cu
 // CUTLASS sm90a ptr-array grouped GEMM (cutlass_grouped_gemm*.cu) with the named config, built
 // when the CUTLASS headers are found (TE_ASYNC_HAVE_CUTLASS).

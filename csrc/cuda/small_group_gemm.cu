@@ -3,8 +3,8 @@
 // (tokens x top-k), where nearly every group has 0-2 rows and the time is set by reading the
 // active experts' weights. Each active expert's weights are read from HBM once (a group with more
 // than kChunkRows rows re-reads them per row chunk, from L2, at about the same time); an inactive
-// expert's weights are never touched. f32 accumulation in registers, one launch, no workspace,
-// no atomics, no host synchronisation.
+// expert's weights are never touched. f32 accumulation in registers, no atomics, no host
+// synchronisation; one launch, and no workspace, unless K is split (below).
 //
 // Exported rules (host side, LaunchSmallGroups):
 //   R (rows per work item)  = kChunkRows = 8, fixed. A group's rows are cut into chunks of up to 8;
@@ -45,6 +45,12 @@
 //   vectors, 512 contiguous bytes per warp and column; 2 k-vectors per column per iteration for
 //   <= 4 rows, 1 otherwise), activation vectors come from L1, and the 32 lanes' partial sums are
 //   reduced by a padded shared-memory transpose. Warps take items independently (no barriers).
+// Split K ([G,K,N]). Where the items (column tiles x row chunks, at most MaxChunks chunks) are
+//   fewer than the SMs, as in a dense GEMM of a few rows (one group: N = 576 gives 9 items), the
+//   weights would be read by a few SMs only. PlanSmallGroupsSplitK then cuts K into slices (a
+//   multiple of 256 k-rows) so that about 2 items run per SM; an item writes its f32 sums to the
+//   workspace, partial[slice][row][col], and SumSlicesKernel adds the slices in order into `out`
+//   (deterministic, no atomics). The plan's workspace (te_async/plan.py) is that partial array.
 // Scalar paths (K or N not a multiple of the 16-byte vector, or misaligned pointers) use the same
 // mapping with element loads and bounds checks; they exist for correctness, not speed.
 #include <cuda_bf16.h>
@@ -75,6 +81,7 @@ constexpr int kBlocksPerSm = 2;
 constexpr int kMaxG = static_cast<int>(kMaxGroups);
 constexpr int kNkCols = 4;             // output columns per warp item ([G,N,K] kernel)
 constexpr int kNkLd = 33;              // padded row of the per-warp transpose buffer
+constexpr int kSplitKGranule = 256;    // a K slice is a multiple of every kStep (32 * U k-rows)
 
 // ---- element helpers -----------------------------------------------------------------------
 
@@ -202,6 +209,11 @@ struct Args {
   int rows;
   int k;
   int n;
+  // Split K ([G,K,N] only, SmallGroupsSplitK): each item covers k-rows [slice * slice_k, ...) and
+  // writes f32 partial sums to partial[slice][row][n]; SumSlicesKernel adds them in slice order.
+  int slices;
+  int slice_k;
+  float* partial;
 };
 
 struct ChunkTables {
@@ -322,15 +334,15 @@ __device__ __forceinline__ void LoadWeightRows(const T* p, long long row_stride,
 // One iteration (kStep = 32 * U k-rows of the block) of the [G,K,N] reduction, with its weights
 // `cur` already requested: restage the activations at each kStageK boundary, then the FMAs.
 template <typename T, bool kVec, int RR, int U>
-__device__ __forceinline__ void KnStep(int it, const T* lhs, int row0, int K, int ky, float* buf,
+__device__ __forceinline__ void KnStep(int it, const T* lhs, int row0, int K, int k_begin, int ky, float* buf,
                                        const uint4 (&cur)[U], float (&acc)[RR][Elem<T>::kVec]) {
   constexpr int V = Elem<T>::kVec;
   constexpr int kStep = 32 * U;
-  const int kb = it * kStep;
+  const int kb = it * kStep;  // relative to k_begin, the item's first k-row
   const int kl0 = kb % kStageK;
   if (kl0 == 0) {     // block-uniform
     __syncthreads();  // previous pass (or the previous item's reduction) is done with buf
-    StageActivations<T, RR>(lhs, row0, K, kb, buf);
+    StageActivations<T, RR>(lhs, row0, K, k_begin + kb, buf);
     __syncthreads();
   }
 #pragma unroll
@@ -353,8 +365,8 @@ __device__ __forceinline__ void KnStep(int it, const T* lhs, int row0, int K, in
   }
 }
 
-template <typename T, typename TO, bool kVec, int RR>
-__device__ __forceinline__ void KnItem(const Args& a, const Chunk& ch, int n0, KnShared<T>& sh) {
+template <typename T, typename TO, bool kVec, bool kSplit, int RR>
+__device__ __forceinline__ void KnItem(const Args& a, const Chunk& ch, int n0, int slice, KnShared<T>& sh) {
   constexpr int V = Elem<T>::kVec;
   constexpr int kTile = 8 * V;
   // k-rows (16-byte loads in flight) per thread per iteration; the scalar path needs V loads each.
@@ -369,8 +381,11 @@ __device__ __forceinline__ void KnItem(const Args& a, const Chunk& ch, int n0, K
   const int valid_cols = min(V, N - col);  // <= 0: this thread's columns are past N
   const long long row_stride = 32LL * N;   // between a thread's consecutive k-rows
   const long long step_stride = static_cast<long long>(kStep) * N;
+  // Without a split (a separate instantiation, so that the decode path keeps its registers) an
+  // item covers all of K.
+  const int k_begin = kSplit ? slice * a.slice_k : 0, k_end = kSplit ? min(K, k_begin + a.slice_k) : K;
   const T* wp = static_cast<const T*>(a.rhs) + static_cast<long long>(ch.group) * K * N +
-                static_cast<long long>(ky) * N + col;
+                static_cast<long long>(k_begin + ky) * N + col;
 
   float acc[RR][V];
 #pragma unroll
@@ -379,12 +394,12 @@ __device__ __forceinline__ void KnItem(const Args& a, const Chunk& ch, int n0, K
     for (int j = 0; j < V; ++j) acc[r][j] = 0.f;
   }
 
-  const int iters = (K + kStep - 1) / kStep;
+  const int iters = (k_end - k_begin + kStep - 1) / kStep;  // slice_k is a multiple of kStep
 #pragma unroll 1
   for (int it = 0; it < iters; ++it) {
     uint4 w[U];
-    LoadWeightRows<T, kVec, U>(wp + it * step_stride, row_stride, it * kStep + ky, K, valid_cols, w);
-    KnStep<T, kVec, RR, U>(it, lhs, ch.row0, K, ky, sh.buf, w, acc);
+    LoadWeightRows<T, kVec, U>(wp + it * step_stride, row_stride, k_begin + it * kStep + ky, k_end, valid_cols, w);
+    KnStep<T, kVec, RR, U>(it, lhs, ch.row0, K, k_begin, ky, sh.buf, w, acc);
   }
 
   // Reduce over the 4 k-slices of the warp (lanes differing in bits 3 and 4): a reduce-scatter,
@@ -425,32 +440,57 @@ __device__ __forceinline__ void KnItem(const Args& a, const Chunk& ch, int n0, K
     float s = 0.f;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) s += sh.buf[(w * NV + flat) * 8 + ocx];
-    if (n0 + c < N) out[static_cast<long long>(ch.row0 + r) * N + n0 + c] = FromFloat<TO>(s);
+    if (n0 + c >= N) continue;
+    const long long at = static_cast<long long>(ch.row0 + r) * N + n0 + c;
+    if (kSplit) {
+      a.partial[static_cast<long long>(slice) * a.rows * N + at] = s;
+    } else {
+      out[at] = FromFloat<TO>(s);
+    }
   }
   // The next item's first write to buf follows a __syncthreads (staging or reduction).
 }
 
-template <typename T, typename TO, bool kVec>
+template <typename T, typename TO, bool kVec, bool kSplit>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm) SmallGroupsKnKernel(Args a) {
   constexpr int kTile = 8 * Elem<T>::kVec;
   __shared__ KnShared<T> sh;
   const int chunks = PrepareChunks(a, sh.tables);
   const int tiles = (a.n + kTile - 1) / kTile;
-  const int items = tiles * chunks;  // < 2^31: checked on the host
+  const int per_tile = kSplit ? chunks * a.slices : chunks;
+  const int items = tiles * per_tile;  // < 2^31: checked on the host
+  // item -> (tile, slice, chunk), chunk fastest: the row chunks of one group share weights.
 #pragma unroll 1
   for (int item = blockIdx.x; item < items; item += gridDim.x) {
-    const int tile = item / chunks;
+    const int tile = item / per_tile, slice = kSplit ? item % per_tile / chunks : 0;
     const Chunk ch = FindChunk(a, sh.tables, item % chunks);
     const int n0 = tile * kTile;
-    if (ch.group == a.groups) {  // rows past the clamped total
-      TO* out = static_cast<TO*>(a.out);
+    if (ch.group == a.groups) {  // rows past the clamped total: zeros (every slice's partial)
       for (int o = threadIdx.x; o < ch.rows * kTile; o += kThreads) {
         const int r = o / kTile, c = o % kTile;
-        if (n0 + c < a.n) out[static_cast<long long>(ch.row0 + r) * a.n + n0 + c] = FromFloat<TO>(0.f);
+        if (n0 + c >= a.n) continue;
+        const long long at = static_cast<long long>(ch.row0 + r) * a.n + n0 + c;
+        if (kSplit) {
+          a.partial[static_cast<long long>(slice) * a.rows * a.n + at] = 0.f;
+        } else {
+          static_cast<TO*>(a.out)[at] = FromFloat<TO>(0.f);
+        }
       }
       continue;
     }
-    WithRowCount(ch.rows, [&](auto rr) { KnItem<T, TO, kVec, decltype(rr)::value>(a, ch, n0, sh); });  // block-uniform
+    WithRowCount(ch.rows, [&](auto rr) { KnItem<T, TO, kVec, kSplit, decltype(rr)::value>(a, ch, n0, slice, sh); });
+  }
+}
+
+// out[i] = sum over s of partial[s][i], s in order: the split-K items' sums, deterministic.
+template <typename TO>
+__global__ void __launch_bounds__(kThreads) SumSlicesKernel(const float* __restrict__ partial, int slices,
+                                                            long long count, TO* __restrict__ out) {
+  for (long long i = blockIdx.x * static_cast<long long>(kThreads) + threadIdx.x; i < count;
+       i += static_cast<long long>(gridDim.x) * kThreads) {
+    float s = 0.f;
+    for (int k = 0; k < slices; ++k) s += partial[k * count + i];
+    out[i] = FromFloat<TO>(s);
   }
 }
 
@@ -615,6 +655,32 @@ long long MaxChunks(long long groups, long long rows) {
   return (rows + (kChunkRows - 1) * nonempty) / kChunkRows;
 }
 
+// [G,K,N] column tiles: 64 columns of 16-bit types, 32 of f32.
+long long KnTiles(const GroupedGemmShape& s) {
+  const long long cols = s.in_type == ffi::DataType::F32 ? 32 : 64;
+  return (s.n + cols - 1) / cols;
+}
+
+}  // namespace
+
+SmallGroupsSplitK PlanSmallGroupsSplitK(const GroupedGemmShape& s, int sm_count) {
+  SmallGroupsSplitK split;
+  const long long items = KnTiles(s) * MaxChunks(s.groups, s.rows);
+  if (s.transpose_rhs || s.ragged_k || s.rows <= 0 || s.n <= 0 || items >= sm_count) return split;
+  const long long want = (static_cast<long long>(kBlocksPerSm) * sm_count + items - 1) / items;
+  const long long most = (s.k + kSplitKGranule - 1) / kSplitKGranule;
+  const long long slices = want < most ? want : most;
+  if (slices <= 1) return split;
+  const long long per = (s.k + slices - 1) / slices;
+  split.slice_k = static_cast<int>((per + kSplitKGranule - 1) / kSplitKGranule * kSplitKGranule);
+  split.slices = static_cast<int>((s.k + split.slice_k - 1) / split.slice_k);
+  if (split.slices <= 1) return SmallGroupsSplitK{};
+  split.workspace_bytes = static_cast<size_t>(split.slices) * s.rows * s.n * sizeof(float);
+  return split;
+}
+
+namespace {
+
 template <typename T, typename TO>
 ffi::Error Launch(const DeviceGemm& g, cudaStream_t stream) {
   const GroupedGemmShape& s = g.s;
@@ -629,24 +695,36 @@ ffi::Error Launch(const DeviceGemm& g, cudaStream_t stream) {
   a.rows = static_cast<int>(s.rows);
   a.k = static_cast<int>(s.k);
   a.n = static_cast<int>(s.n);
+  const SmallGroupsSplitK split = PlanSmallGroupsSplitK(s, g.sm_count);
+  a.slices = split.slices;
+  a.slice_k = split.slices > 1 ? split.slice_k : a.k;
+  a.partial = static_cast<float*>(g.workspace);
+  if (g.workspace_bytes < split.workspace_bytes) {  // CheckPlanFits has ensured it; a launcher never trusts
+    return ffi::Error::Internal("te_async: small_group_gemm: split-K workspace too small");
+  }
   const long long max_blocks = static_cast<long long>(kBlocksPerSm) * (g.sm_count > 0 ? g.sm_count : 1);
   const long long chunks = MaxChunks(s.groups, s.rows);
-  const long long max_tiles = s.transpose_rhs ? (s.n + kNkCols - 1) / kNkCols : (s.n + 8 * V - 1) / (8 * V);
-  if (max_tiles * chunks > INT_MAX / 2) {  // the kernels count items in int
+  const long long max_tiles = s.transpose_rhs ? (s.n + kNkCols - 1) / kNkCols : KnTiles(s);
+  if (max_tiles * chunks * split.slices > INT_MAX / 2) {  // the kernels count items in int
     return ffi::Error::InvalidArgument("te_async: small_group_gemm: too many work items (N x M too large)");
   }
   if (!s.transpose_rhs) {
-    const long long tiles = (s.n + 8 * V - 1) / (8 * V);
-    long long grid = tiles * chunks;
+    long long grid = KnTiles(s) * chunks * split.slices;
     if (grid > max_blocks) grid = max_blocks;
     if (grid < 1) grid = 1;
-    const bool vec = s.n % V == 0 && Aligned16(g.rhs);
-    if (vec) {
-      SmallGroupsKnKernel<T, TO, true><<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(a);
-    } else {
-      SmallGroupsKnKernel<T, TO, false><<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(a);
-    }
-    return CudaStatus(cudaGetLastError(), "launch of small_group_gemm kernel SmallGroupsKnKernel ([G,K,N] rhs)");
+    const bool vec = s.n % V == 0 && Aligned16(g.rhs), splits = split.slices > 1;
+    const auto kernel = vec ? (splits ? SmallGroupsKnKernel<T, TO, true, true> : SmallGroupsKnKernel<T, TO, true, false>)
+                            : (splits ? SmallGroupsKnKernel<T, TO, false, true> : SmallGroupsKnKernel<T, TO, false, false>);
+    kernel<<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(a);
+    TE_ASYNC_RETURN_IF_ERROR(
+        CudaStatus(cudaGetLastError(), "launch of small_group_gemm kernel SmallGroupsKnKernel ([G,K,N] rhs)"));
+    if (split.slices == 1) return ffi::Error::Success();
+    const long long count = s.rows * s.n;
+    long long sum_grid = (count + kThreads - 1) / kThreads;
+    if (sum_grid > max_blocks) sum_grid = max_blocks;
+    SumSlicesKernel<TO><<<static_cast<unsigned>(sum_grid), kThreads, 0, stream>>>(a.partial, split.slices, count,
+                                                                                   static_cast<TO*>(g.out));
+    return CudaStatus(cudaGetLastError(), "launch of small_group_gemm kernel SumSlicesKernel (split K)");
   }
   const long long tiles = (s.n + kNkCols - 1) / kNkCols;
   long long grid = (tiles * chunks + kWarps - 1) / kWarps;

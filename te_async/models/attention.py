@@ -14,13 +14,15 @@ from typing import NamedTuple, Optional, Union
 import jax
 import jax.numpy as jnp
 
+from .. import dense
 from .norm import rms_norm
 from .rope import apply_rope
 
 
 def linear(x: jax.Array, w: jax.Array, b: Optional[jax.Array] = None) -> jax.Array:
-    """x @ w (+ b) with float32 accumulation, in x's dtype; w is [in, out]."""
-    y = jnp.einsum("...i,io->...o", x, w, preferred_element_type=jnp.float32)
+    """x @ w (+ b) with float32 accumulation, in x's dtype; w is [in, out]. te_async.dense.linear:
+    at decode sizes te_async's small-M kernel reads the weights, elsewhere XLA's GEMM."""
+    y = dense.linear(x, w, preferred_element_type=jnp.float32)
     if b is not None:
         y = y + b.astype(jnp.float32)
     return y.astype(x.dtype)

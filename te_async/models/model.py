@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .. import dense
 from .attention import LayerOf, gqa_attention
 from .cache import cache_batch, cache_length, cache_shapes, init_cache
 from .config import Config
@@ -95,7 +96,7 @@ def _decoder(params, cfg: Config, tokens, cache, position, group_sizes_mode, exp
 def _logits(params, x: jax.Array) -> jax.Array:
     """float32 logits; the LM head is the embedding where the config ties them."""
     head = params.get("lm_head", params["embed"])
-    return jnp.einsum("...h,vh->...v", x, head, preferred_element_type=jnp.float32)
+    return dense.linear(x, head, transpose_w=True, preferred_element_type=jnp.float32)
 
 
 @functools.partial(jax.jit, static_argnames=_STATIC)

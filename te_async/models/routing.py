@@ -10,12 +10,13 @@ DeepseekV2TopkRouter; te_async.moe.route_top_k covers only the always-renormalis
 import jax
 import jax.numpy as jnp
 
+from ..dense import linear
 from ..moe import Routing
 
 
 def route(x: jax.Array, router: jax.Array, cfg) -> Routing:
     """x [T, H], router [H, E] -> Routing(weights float32 [T, k], experts int32 [T, k])."""
-    logits = jnp.dot(x.astype(jnp.float32), router.astype(jnp.float32))
+    logits = linear(x.astype(jnp.float32), router.astype(jnp.float32))
     probs = jax.nn.softmax(logits, axis=-1)
     if cfg.topk_method == "group_limited_greedy":
         t, e = probs.shape
