@@ -37,20 +37,6 @@ def test_linear_values(rng, lead, transpose_w, dtype, out):
     assert rel_error(y, reference(x, w, transpose_w)) < TOL[out or dtype], (lead, k, n)
 
 
-@pytest.mark.parametrize("groups,rows", [(1, 16), (3, 5), (8, 64), (2, 300)])  # the last two: 512 rows and past
-@pytest.mark.parametrize("transpose_w", [False, True])
-@pytest.mark.parametrize("dtype,out", [(jnp.float32, None), (jnp.bfloat16, jnp.float32)])
-def test_batched_matmul_values(rng, groups, rows, transpose_w, dtype, out):
-    k, n = int(rng.integers(1, 200)), int(rng.integers(1, 200))
-    x = jnp.asarray(rng.standard_normal((groups, rows, k)), dtype)
-    w = jnp.asarray(rng.standard_normal((groups, n, k) if transpose_w else (groups, k, n)) / np.sqrt(k), dtype)
-    y = jax.jit(lambda x, w: dense.batched_matmul(x, w, transpose_w=transpose_w, preferred_element_type=out))(x, w)
-    w64 = np.asarray(w, np.float64)
-    ref = np.einsum("grk,gnk->grn" if transpose_w else "grk,gkn->grn", np.asarray(x, np.float64), w64)
-    assert y.shape == (groups, rows, n) and y.dtype == jnp.dtype(out or dtype)
-    assert rel_error(y, ref) < TOL[out or dtype], (groups, rows, k, n)
-
-
 def test_linear_errors():
     x = jnp.zeros((2, 8), jnp.float32)
     with pytest.raises(ValueError, match="do not fit"):
@@ -59,8 +45,6 @@ def test_linear_errors():
         dense.linear(x, jnp.zeros((4, 9), jnp.float32), transpose_w=True)
     with pytest.raises(TypeError, match="share one dtype"):
         dense.linear(x, jnp.zeros((8, 4), jnp.bfloat16))
-    with pytest.raises(ValueError, match="do not fit"):
-        dense.batched_matmul(x[None], jnp.zeros((2, 8, 4), jnp.float32))
 
 
 @pytest.mark.gpu

@@ -11,8 +11,7 @@ kv_lora_rank] and the rotated k_pe [B, max_len, qk_rope_head_dim], 576 values pe
 DeepSeek-V2-Lite against 16 * (192 + 128) = 5120 for the expanded keys and values. Decode never
 expands the cache: kv_b_proj is absorbed into the query and the output (q_nope . W_uk c =
 (q_nope W_uk) . c, and p (c W_uv) = (p c) W_uv), so a step reads the cache once and multiplies
-by kv_b_proj once per new token instead of once per cached token. The two products with the cache
-are te_async.dense.batched_matmul calls, which read a scanned layer's cache in place. A whole sequence (forward,
+by kv_b_proj once per new token instead of once per cached token. A whole sequence (forward,
 prefill) takes the expanded path, as transformers does, which costs fewer FLOPs there.
 """
 
@@ -21,7 +20,6 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from ..dense import batched_matmul
 from .attention import attend, causal_mask, linear, read, write
 from .config import yarn_mscale
 from .norm import rms_norm
@@ -75,16 +73,12 @@ def _absorbed(q_nope, q_pe, w_kv, cache, position, window, scale, nope) -> jax.A
     f32 = jnp.float32
     dtype = q_nope.dtype
     cache = {"ckv": read(cache["ckv"]), "kpe": read(cache["kpe"])}
-    b, s, h, _ = q_nope.shape
     q_latent = jnp.einsum("bshd,rhd->bshr", q_nope, w_kv[..., :nope], preferred_element_type=f32).astype(dtype)
-    per_row = lambda a: a.reshape(b, s * h, a.shape[-1])  # [B, S*H, .]: each sequence's heads against its cache
-    scores = (batched_matmul(per_row(q_latent), cache["ckv"], transpose_w=True, preferred_element_type=f32)
-              + batched_matmul(per_row(q_pe), cache["kpe"], transpose_w=True, preferred_element_type=f32))
-    scores = scores.reshape(b, s, h, -1) * scale
-    q_pos = position + jnp.arange(s, dtype=jnp.int32)
+    scores = (jnp.einsum("bshr,blr->bshl", q_latent, cache["ckv"], preferred_element_type=f32)
+              + jnp.einsum("bshd,bld->bshl", q_pe, cache["kpe"], preferred_element_type=f32)) * scale
+    q_pos = position + jnp.arange(q_nope.shape[1], dtype=jnp.int32)
     k_pos = jnp.arange(cache["ckv"].shape[1], dtype=jnp.int32)
     scores = jnp.where(causal_mask(q_pos, k_pos, window)[None, :, None, :], scores, -jnp.inf)
     probs = jax.nn.softmax(scores, axis=-1).astype(cache["ckv"].dtype)
-    out_latent = batched_matmul(per_row(probs), cache["ckv"], preferred_element_type=f32).astype(dtype)
-    out_latent = out_latent.reshape(b, s, h, -1)
+    out_latent = jnp.einsum("bshl,blr->bshr", probs, cache["ckv"], preferred_element_type=f32).astype(dtype)
     return jnp.einsum("bshr,rhd->bshd", out_latent, w_kv[..., nope:], preferred_element_type=f32).astype(dtype)
