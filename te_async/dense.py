@@ -25,17 +25,23 @@ from .gemm import grouped_gemm
 MAX_ROWS = 2  # rows up to which linear() runs te_async's small-M kernel (see the module docstring)
 
 
-def linear(x: jax.Array, w: jax.Array, *, transpose_w: bool = False, preferred_element_type=None) -> jax.Array:
+KERNELS = ("auto", "te_async", "xla")
+
+
+def linear(x: jax.Array, w: jax.Array, *, transpose_w: bool = False, preferred_element_type=None,
+           kernel: str = "auto") -> jax.Array:
     """x [..., K] @ w [K, N] (w [N, K] with transpose_w) -> [..., N], accumulated in float32 from
     exact products (float32 inputs are not rounded to TF32) and returned in preferred_element_type
-    (default x's dtype). x and w share a dtype."""
+    (default x's dtype). x and w share a dtype. kernel: "auto" (te_async's small-M kernel up to
+    MAX_ROWS rows, XLA's GEMM past them), or "te_async" or "xla" whatever the rows (to compare)."""
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
     *lead, k = x.shape
-    n = w.shape[0] if transpose_w else w.shape[1]
     if w.ndim != 2 or (w.shape[1] if transpose_w else w.shape[0]) != k:
         raise ValueError(f"linear: x {x.shape} and w {w.shape} (transpose_w={transpose_w}) do not fit")
-    rows = math.prod(lead)
+    rows, n = math.prod(lead), w.shape[0] if transpose_w else w.shape[1]
     out_type = preferred_element_type or x.dtype
-    if not 0 < rows <= MAX_ROWS:
+    if kernel == "xla" or rows == 0 or (kernel == "auto" and rows > MAX_ROWS):
         spec = "...k,nk->...n" if transpose_w else "...k,kn->...n"
         return jnp.einsum(spec, x, w, precision=jax.lax.Precision.HIGHEST,
                           preferred_element_type=jnp.float32).astype(out_type)

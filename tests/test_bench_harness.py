@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from te_async.bench import __main__ as cli
-from te_async.bench import decode_gemm, prefill
+from te_async import dense, models
+from te_async.bench import decode_gemm, dense as dense_bench, prefill, presets
 
 from reference import grouped_gemm_reference, random_group_sizes
 
@@ -76,3 +77,20 @@ def test_unknown_mode_or_gemm_is_refused_before_any_work(tmp_path, capsys, argv)
         cli.main([*argv, "--out", str(tmp_path)])
     assert e.value.code == 2 and "invalid choice" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
+
+
+def test_dense_bench_contenders_agree_and_cover_the_layer(rng):
+    """bench dense: every dense weight of an MoE layer (and the LM head) is timed, and both kernels
+    compute the same scanned GEMMs as float64 does."""
+    config = presets.config("tiny")
+    cases = dense_bench.gemms(config)
+    attn = {f"attn.{k}" for k, s in models.param_shapes(config)["layers"][1]["attn"].items() if len(s.shape) == 3}
+    assert set(cases) == attn | {"router", "lm_head", "shared.w_gate_up", "shared.w_down"}
+    for name, (k, n, transpose) in cases.items():
+        w = rng.standard_normal((2, n, k) if transpose else (2, k, n))
+        x = rng.standard_normal((2, k))
+        want = np.einsum("rk,lnk->lrn" if transpose else "rk,lkn->lrn", x, w)
+        for kernel in dense_bench.KERNELS:
+            fn = dense_bench._scanned(lambda x, w, kernel=kernel: dense.linear(x, w, transpose_w=transpose, kernel=kernel))
+            got = fn(jnp.asarray(x, jnp.float32), jnp.asarray(w, jnp.float32))
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=f"{name} {kernel}")

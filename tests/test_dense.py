@@ -32,9 +32,10 @@ def reference(x, w, transpose_w):
 def test_linear_values(rng, lead, transpose_w, dtype, out):
     k, n = int(rng.integers(1, 300)), int(rng.integers(1, 300))
     x, w = operands(rng, lead, k, n, dtype, transpose_w)
-    y = jax.jit(lambda x, w: dense.linear(x, w, transpose_w=transpose_w, preferred_element_type=out))(x, w)
-    assert y.shape == (*lead, n) and y.dtype == jnp.dtype(out or dtype)
-    assert rel_error(y, reference(x, w, transpose_w)) < TOL[out or dtype], (lead, k, n)
+    for kernel in dense.KERNELS:
+        y = jax.jit(lambda x, w: dense.linear(x, w, transpose_w=transpose_w, preferred_element_type=out, kernel=kernel))(x, w)
+        assert y.shape == (*lead, n) and y.dtype == jnp.dtype(out or dtype)
+        assert rel_error(y, reference(x, w, transpose_w)) < TOL[out or dtype], (lead, k, n, kernel)
 
 
 def test_linear_errors():
@@ -45,6 +46,8 @@ def test_linear_errors():
         dense.linear(x, jnp.zeros((4, 9), jnp.float32), transpose_w=True)
     with pytest.raises(TypeError, match="share one dtype"):
         dense.linear(x, jnp.zeros((8, 4), jnp.bfloat16))
+    with pytest.raises(ValueError, match="kernel must be one of"):
+        dense.linear(x, jnp.zeros((8, 4), jnp.float32), kernel="cublas")
 
 
 @pytest.mark.gpu

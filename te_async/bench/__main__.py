@@ -19,6 +19,7 @@ BENCHMARKS = {
     "decode-gemm": "te_async.bench.decode_gemm",
     "ep": "te_async.bench.ep",
     "generate": "te_async.bench.generate",
+    "dense": "te_async.bench.dense",
 }
 
 

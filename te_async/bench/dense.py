@@ -1,0 +1,107 @@
+"""Dense GEMMs at decode sizes: te_async.dense.linear's small-M kernel against XLA's GEMM.
+
+The dense GEMMs of one MoE decoder layer of a model (on a GPU by default DeepSeek-V2-Lite's:
+the attention projections, the router, the shared experts' fc1 and fc2) and its LM head, at B
+rows (the batch of a decode step), each two ways: "te_async" (linear(..., kernel="te_async"):
+a device-mode grouped GEMM of one group, small_groups with K split across the SMs) and "xla"
+(linear(..., kernel="xla"): XLA's dot). Also "shared MLP": the shared experts' whole SwiGLU MLP
+(fc1, activation, fc2), the dense MLP the fused-decode issue names. As in a decode step, one
+call runs a lax.scan over L stacked copies of the weights (L = --layers; past L2, and read from
+a scan slice as the models read them); a GEMM's time is the call's wall clock over L. The floor
+is the weights' bytes over the HBM read bandwidth of the same run.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .. import dense, models
+from ..mlp import activate
+from . import presets, timing
+
+KERNELS = ("xla", "te_async")
+
+
+def add_arguments(p) -> None:
+    presets.add_argument(p)
+    p.add_argument("--rows", type=int, nargs="+", help="B, rows per GEMM (default: 1 2 4 8)")
+    p.add_argument("--layers", type=int, help="stacked weight copies per call (default: 26 on a GPU, 2 elsewhere)")
+    p.add_argument("--reps", type=int, default=20, help="timing samples of 5 calls each (default: 20)")
+
+
+def gemms(config) -> dict:
+    """{name: (K, N, transpose_w)} of one MoE layer's dense GEMMs and the LM head, from param_shapes."""
+    shapes = models.param_shapes(config)
+    run = next(r for r in shapes["layers"] if "moe" in r)
+    out = {f"attn.{k}": (*s.shape[1:], False) for k, s in run["attn"].items() if len(s.shape) == 3}
+    out["router"] = (*run["moe"]["router"].shape[1:], False)
+    for k, s in run["moe"].get("shared", {}).items():
+        out[f"shared.{k}"] = (*s.shape[1:], False)
+    head = shapes.get("lm_head", shapes["embed"])
+    out["lm_head"] = (head.shape[1], head.shape[0], True)
+    return out
+
+
+def _shared_mlp(kernel):
+    def mlp(x, w_gate_up, w_down):
+        h = dense.linear(x, w_gate_up, kernel=kernel)
+        return dense.linear(activate(h, "swiglu"), w_down, kernel=kernel)
+    return mlp
+
+
+def _scanned(fn):
+    """One call: fn(x, *weights of layer l) for each of the L stacked layers (a lax.scan)."""
+    return jax.jit(lambda x, *ws: jax.lax.scan(lambda c, w: (c, fn(x, *w)), 0, ws)[1])
+
+
+def run(args) -> dict:
+    gpu = jax.default_backend() == "gpu"
+    name = presets.default_name(args.preset)
+    config = presets.config(name)
+    rows_list = args.rows or ([1, 2, 4, 8] if gpu else [1, 2])
+    layers = args.layers or (26 if gpu else 2)
+    hbm = timing.hbm_bandwidth()
+    dtype = jnp.bfloat16
+    key = jax.random.key(0)
+    cases = {}
+    for gemm, (k, n, transpose) in gemms(config).items():
+        w_dtype = jnp.float32 if gemm == "router" else dtype  # routers are float32 (models.params)
+        cases[gemm] = (k, [((layers, n, k) if transpose else (layers, k, n), w_dtype)],
+                       lambda kern, t=transpose: (lambda x, w: dense.linear(x, w, transpose_w=t, kernel=kern)))
+    if config.shared_intermediate_size:
+        f = config.shared_intermediate_size
+        cases["shared MLP"] = (config.hidden_size, [((layers, config.hidden_size, 2 * f), dtype),
+                                                    ((layers, f, config.hidden_size), dtype)], _shared_mlp)
+    print(f"dense: {name}, {layers} stacked copies per call, HBM read {hbm / 1e12:.2f} TB/s, rows {rows_list}", flush=True)
+    results = []
+    for case, (k, weight_shapes, make) in cases.items():
+        weights = [jax.random.normal(key, s, d) for s, d in weight_shapes]
+        floor_s = sum(np.prod(s[1:]) * jnp.dtype(d).itemsize for s, d in weight_shapes) / hbm
+        for rows in rows_list:
+            x = jax.random.normal(key, (rows, k), weight_shapes[0][1])
+            row = dict(gemm=case, rows=rows, k=k, shapes=[list(s[1:]) for s, _ in weight_shapes],
+                       floor_us=1e6 * floor_s)
+            for kern in KERNELS:
+                t = timing.time_calls(_scanned(make(kern)), [(x, *weights)], reps=args.reps).median_s / layers
+                row[f"{kern}_us"] = 1e6 * t
+            results.append(row)
+            print(f"  {case:12s} B={rows:<3d} floor {row['floor_us']:7.2f} us  xla {row['xla_us']:7.2f}  "
+                  f"te_async {row['te_async_us']:7.2f}", flush=True)
+        del weights
+    table = markdown(results)
+    (args.out / "dense.md").write_text(table)
+    print(table)
+    return {"benchmark": "dense", "config": dict(preset=name, layers=layers, rows=rows_list, dtype="bfloat16",
+                                                 reps=args.reps), "hbm_bytes_per_s": hbm, "results": results}
+
+
+def markdown(results) -> str:
+    """One row per GEMM and B: floor, then each kernel's µs and its ratio to the floor."""
+    lines = ["| GEMM | [K, N] | B | floor us | xla us | te_async us |", "|---|---|---|---|---|---|"]
+    for r in results:
+        cells = [f"{r[f'{k}_us']:.2f} ({r[f'{k}_us'] / r['floor_us']:.1f}x)" for k in KERNELS]
+        lines.append(f"| {r['gemm']} | {' + '.join(map(str, r['shapes']))} | {r['rows']} | {r['floor_us']:.2f} | "
+                     + " | ".join(cells) + " |")
+    lines += ["", "Wall clock per GEMM (a scan over the stacked copies, over their count); ratio to the floor "
+              "(the weights' bytes over the measured HBM read bandwidth)."]
+    return "\n".join(lines) + "\n"
