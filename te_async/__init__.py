@@ -9,6 +9,7 @@ from .gemm import grouped_gemm
 from .group_sizes import GROUP_SIZES_MODES, HostGroupSizes, copy_group_sizes
 from .expert_parallel import moe_block_ep
 from .mlp import grouped_mlp
+from .ragged import ragged_dot
 from . import dense, models, plan
 
 __all__ = [
@@ -24,5 +25,6 @@ __all__ = [
     "models",
     "moe_block_ep",
     "plan",
+    "ragged_dot",
     "size_errors",
 ]

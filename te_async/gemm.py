@@ -1,4 +1,4 @@
-"""grouped_gemm: shape checks, group-sizes mode dispatch, and the FFI call.
+"""grouped_gemm: shape checks, group-sizes mode dispatch, the FFI call, and its VJP.
 
 The handlers are in csrc/: csrc/cpu/grouped_gemm_cpu.cc on the CPU; on CUDA,
 csrc/cuda/grouped_gemm_cublas.cc for the host-sized modes (one cuBLAS GEMM per non-empty group
@@ -8,14 +8,14 @@ CUTLASS config, workspace) te_async/plan.py makes here, at trace time.
 
 import functools
 import logging
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
 
 from . import _ffi, plan
 from .sharding import require_replicated
-from .group_sizes import HostGroupSizes, check_group_sizes, host_sizes_operand, resolve_group_sizes_mode
+from .group_sizes import HostGroupSizes, check_group_sizes, copy_group_sizes, host_sizes_operand, resolve_group_sizes_mode
 
 GEMM_DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32)
 logger = logging.getLogger("te_async")
@@ -76,6 +76,49 @@ def grouped_gemm_call(lhs, rhs, group_sizes, out_type, shape: plan.GemmShape, mo
     return out
 
 
+class _Call(NamedTuple):
+    """The static part of a checked call (hashable: custom_vjp's non-differentiable argument)."""
+
+    shape: plan.GemmShape
+    out_shape: tuple
+    mode: str
+
+    def out_type(self) -> jax.ShapeDtypeStruct:
+        return jax.ShapeDtypeStruct(self.out_shape, self.shape.out_dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _differentiable(call: _Call, lhs, rhs, group_sizes, host_group_sizes):
+    return grouped_gemm_call(lhs, rhs, group_sizes, call.out_type(), call.shape, call.mode, host_group_sizes)
+
+
+def _differentiable_fwd(call: _Call, lhs, rhs, group_sizes, host_group_sizes):
+    return _differentiable(call, lhs, rhs, group_sizes, host_group_sizes), (lhs, rhs, group_sizes)
+
+
+def _differentiable_bwd(call: _Call, residuals, dout):
+    """Both gradients are grouped GEMMs of the other two forms, in the forward's mode (async: one
+    more copy of the sizes, made here; the forward's handle may be gone by now), accumulated in
+    float32 and written in the operands' dtype, as grouped_mlp's backward does (on Hopper that
+    keeps them on the CUTLASS kernels, which write the input dtype). Rows past the groups get zero
+    gradients."""
+    lhs, rhs, group_sizes = residuals
+    handle = copy_group_sizes(group_sizes) if call.mode == "async" else None
+    gemm = functools.partial(grouped_gemm, group_sizes=group_sizes, group_sizes_mode=call.mode,
+                             host_group_sizes=handle)
+    d = dout.astype(lhs.dtype)
+    if call.shape.ragged_k:  # out[g] = lhs_g^T rhs_g
+        dlhs, drhs = gemm(rhs, d, transpose_rhs=True), gemm(lhs, d)
+    elif call.shape.transpose_rhs:  # out_g = lhs_g rhs[g]^T
+        dlhs, drhs = gemm(d, rhs), gemm(d, lhs, ragged="k")
+    else:  # out_g = lhs_g rhs[g]
+        dlhs, drhs = gemm(d, rhs, transpose_rhs=True), gemm(lhs, d, ragged="k")
+    return dlhs, drhs, None, None
+
+
+_differentiable.defvjp(_differentiable_fwd, _differentiable_bwd)
+
+
 def grouped_gemm(
     lhs: jax.Array,
     rhs: jax.Array,
@@ -104,6 +147,9 @@ def grouped_gemm(
     as 0, cuts the groups at row M, and counts the call in te_async.size_errors()
     (TE_ASYNC_CHECK_DEVICE_SIZES=1 makes it raise instead, without command buffers).
     Under vmap the call runs sequentially, one GEMM per batch element.
+    Differentiable in lhs and rhs (jax.custom_vjp): the gradients are grouped GEMMs in the same
+    mode; the default mode is chosen from the forward's shape (te_async.ragged_dot, meant for
+    training, chooses from the backward's shapes too).
     """
     lhs, rhs, group_sizes = jnp.asarray(lhs), jnp.asarray(rhs), jnp.asarray(group_sizes)
     out_type = grouped_gemm_output(
@@ -112,4 +158,4 @@ def grouped_gemm(
     shape = gemm_shape(lhs, group_sizes, out_type, ragged, transpose_rhs)
     mode = resolve_group_sizes_mode(group_sizes_mode, use_async_d2h_group_sizes, host_group_sizes,
                                     lambda: plan.device_mode_is_fast([shape]))
-    return grouped_gemm_call(lhs, rhs, group_sizes, out_type, shape, mode, host_group_sizes)
+    return _differentiable(_Call(shape, out_type.shape, mode), lhs, rhs, group_sizes, host_group_sizes)
