@@ -9,10 +9,10 @@ single group avoids both: XLA hands a scanned weight slice to a custom call in p
 small_groups kernel reads each weight once, splitting K over the SMs when the columns alone would
 leave most of them idle. It stays inside the step's CUDA graph.
 
-Measured on an H200 (2026-12-01, docs/results/2026-12-01-h200-generate/dense_probe.log): one GEMM [1, 2048] x [2048,
-3072] in a jit of 26 (wall clock per GEMM) took 13.6 us here against XLA's 15.9; at 4 rows 15.1
-against 13.7, and worse past that; the whole DeepSeek-V2-Lite decode step at batch 1 went from
-5.86 to 4.62 ms. So linear() takes this path up to MAX_ROWS rows and XLA's GEMM past it.
+Measured on an H200 (2026-12-01, docs/results/2026-12-01-h200-generate/dense_probe.log): one
+GEMM [1, 2048] x [2048, 3072] in a jit of 26 (wall clock per GEMM) took 13.6 us here against
+XLA's 15.9; at 4 rows 15.1 against 13.7, and worse past that; the whole DeepSeek-V2-Lite decode
+step at batch 1 went from 5.86 to 4.62 ms. So linear() takes this path up to MAX_ROWS rows and XLA's GEMM past it.
 """
 
 import math
@@ -23,8 +23,6 @@ import jax.numpy as jnp
 from .gemm import grouped_gemm
 
 MAX_ROWS = 2  # rows up to which linear() runs te_async's small-M kernel (see the module docstring)
-
-
 KERNELS = ("auto", "te_async", "xla")
 
 

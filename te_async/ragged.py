@@ -1,8 +1,8 @@
 """te_async.ragged_dot: jax.lax.ragged_dot's signature and semantics on te_async's grouped GEMMs.
 
 JAX MoE stacks (MaxText's sparse_matmul, for one) call jax.lax.ragged_dot, which the GPU backend
-expands into a dense masked product over every group (about 12 TFLOP/s at DeepSeek-V2-Lite's
-training shapes, docs/benchmarks.md). Swapping in te_async.ragged_dot keeps the call and its
+expands into a dense masked product over every group (10-13 TFLOP/s at DeepSeek-V2-Lite's
+prefill and training shapes on an H200, docs/benchmarks.md tables P and T). Swapping in te_async.ragged_dot keeps the call and its
 gradients and runs grouped GEMMs instead: forward lhs_g @ rhs[g], gradients through the
 transposed rhs (lhs) and through ragged k (rhs), in one group-sizes mode chosen, by default, for
 all three GEMMs (device mode where it has a fast kernel for each, else async).

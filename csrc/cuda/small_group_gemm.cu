@@ -699,7 +699,7 @@ ffi::Error Launch(const DeviceGemm& g, cudaStream_t stream) {
   a.slices = split.slices;
   a.slice_k = split.slices > 1 ? split.slice_k : a.k;
   a.partial = static_cast<float*>(g.workspace);
-  if (g.workspace_bytes < split.workspace_bytes) {  // CheckPlanFits has ensured it; a launcher never trusts
+  if (g.workspace_bytes < split.workspace_bytes) {  // CheckPlanFits checked it; never write past the workspace
     return ffi::Error::Internal("te_async: small_group_gemm: split-K workspace too small");
   }
   const long long max_blocks = static_cast<long long>(kBlocksPerSm) * (g.sm_count > 0 ? g.sm_count : 1);
