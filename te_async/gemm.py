@@ -56,6 +56,15 @@ def gemm_shape(lhs, group_sizes, out_type, ragged: str, transpose_rhs: bool) -> 
                           jnp.dtype(out_type.dtype).name)
 
 
+def vjp_shapes(groups: int, rows: int, k: int, n: int, dtype, out_dtype: Optional[str] = None) -> tuple:
+    """A ragged-m GEMM lhs [rows, k] @ rhs [groups, k, n] and the two GEMMs of its gradient, d lhs
+    (rhs transposed) and d rhs (ragged k): a default mode for a differentiable call must suit all three."""
+    d = jnp.dtype(dtype).name
+    return (plan.GemmShape(groups, rows, k, n, dtype=d, out_dtype=out_dtype),
+            plan.GemmShape(groups, rows, n, k, transpose_rhs=True, dtype=d),
+            plan.GemmShape(groups, rows, k, n, ragged_k=True, dtype=d))
+
+
 def grouped_gemm_call(lhs, rhs, group_sizes, out_type, shape: plan.GemmShape, mode: str,
                       host_group_sizes: Optional[HostGroupSizes] = None) -> jax.Array:
     """The FFI call of a checked grouped GEMM in a resolved mode."""

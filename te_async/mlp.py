@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 
 from . import plan
-from .gemm import grouped_gemm
+from .gemm import grouped_gemm, vjp_shapes
 from .group_sizes import HostGroupSizes, check_group_sizes, copy_group_sizes, resolve_group_sizes_mode
 from .sharding import check_unsharded
 
@@ -107,10 +107,7 @@ def _check(x, group_sizes, w_fc1, w_fc2, norm_scale, norm_bias, norm, activation
 def gemm_shapes(groups: int, rows: int, hidden: int, fc1_n: int, ffn: int, dtype) -> tuple:
     """The six GEMMs of a layer, forward (fc1, fc2), dgrad (fc2, fc1) and wgrad (fc2, fc1): the
     default mode must suit all of them, not fc1's forward alone."""
-    d = jnp.dtype(dtype).name
-    m = functools.partial(plan.GemmShape, groups, rows, dtype=d)
-    return (m(hidden, fc1_n), m(ffn, hidden), m(hidden, ffn, transpose_rhs=True), m(fc1_n, hidden, transpose_rhs=True),
-            m(ffn, hidden, ragged_k=True), m(hidden, fc1_n, ragged_k=True))
+    return vjp_shapes(groups, rows, hidden, fc1_n, dtype) + vjp_shapes(groups, rows, ffn, hidden, dtype)
 
 
 def resolve_mlp_mode(group_sizes_mode, use_async_d2h_group_sizes, host_group_sizes, *, groups: int, rows: int,

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from . import plan
-from .gemm import GEMM_DTYPES, grouped_gemm
+from .gemm import GEMM_DTYPES, grouped_gemm, vjp_shapes
 from .group_sizes import resolve_group_sizes_mode
 
 
@@ -57,10 +57,7 @@ def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=Non
     out = jnp.dtype(preferred_element_type or dtype)
     computed = dtype if out == dtype else jnp.dtype(jnp.float32)  # te_async writes the input dtype or float32
     (m, k), (g, _, n) = lhs.shape, rhs.shape
-    name, out_name = jnp.dtype(dtype).name, jnp.dtype(computed).name
-    shapes = (plan.GemmShape(g, m, k, n, dtype=name, out_dtype=out_name),  # forward, d lhs, d rhs
-              plan.GemmShape(g, m, n, k, transpose_rhs=True, dtype=name),
-              plan.GemmShape(g, m, k, n, ragged_k=True, dtype=name))
+    shapes = vjp_shapes(g, m, k, n, dtype, jnp.dtype(computed).name)
     mode = resolve_group_sizes_mode(group_sizes_mode, False, None, lambda: plan.device_mode_is_fast(shapes))
     y = grouped_gemm(lhs.astype(dtype), rhs.astype(dtype), group_sizes.astype(jnp.int32),
                      preferred_element_type=computed, group_sizes_mode=mode)

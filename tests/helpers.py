@@ -51,6 +51,17 @@ def device_plan(groups, rows, k, n, ragged, transpose_rhs, dtype, out_dtype=None
     return plan_device_gemm(shape)
 
 
+def fake_gpu_trace(annotation: str, steps: int = 3):
+    """A stand-in for trace.load_events: `steps` annotated steps of two kernels with a 20 us
+    bubble, as a GPU trace would show them (CPU traces have no GPU events)."""
+    meta = [{"ph": "M", "pid": 1, "name": "process_name", "args": {"name": "/device:GPU:0"}},
+            {"ph": "M", "pid": 1, "tid": 7, "name": "thread_name", "args": {"name": "Stream #7(Compute)"}}]
+    x = lambda pid, ts, dur, name: {"ph": "X", "pid": pid, "tid": 7, "ts": ts, "dur": dur, "name": name}
+    events = [e for i in range(steps)
+              for e in (x(2, 100 * i, 90, annotation), x(1, 100 * i + 10, 30, "gemm"), x(1, 100 * i + 60, 20, "fusion"))]
+    return lambda path: meta + events
+
+
 def on_cpu(*arrays):
     """On the first CPU device, whatever the default backend: for the CPU handlers' behaviour."""
     return jax.device_put(arrays, jax.devices("cpu")[0])

@@ -8,6 +8,8 @@ import pytest
 from te_async.bench import __main__ as cli
 from te_async.bench import decode
 
+from helpers import fake_gpu_trace
+
 
 def run_cli(tmp_path, *extra):
     cli.main(["decode", "--preset", "tiny", "--reps", "3", "--out", str(tmp_path), *extra])
@@ -36,21 +38,11 @@ def test_decode_sweep_schema_and_agreement(tmp_path):
     assert not (tmp_path / "decode_latency.png").exists()
 
 
-def fake_gpu_trace(path):
-    """Three annotated steps of two kernels with a 20 us bubble, as a GPU trace would show them."""
-    meta = [{"ph": "M", "pid": 1, "name": "process_name", "args": {"name": "/device:GPU:0"}},
-            {"ph": "M", "pid": 1, "tid": 7, "name": "thread_name", "args": {"name": "Stream #7(Compute)"}}]
-    x = lambda pid, ts, dur, name: {"ph": "X", "pid": pid, "tid": 7, "ts": ts, "dur": dur, "name": name}
-    steps = [[x(2, 100 * i, 90, "decode_step"), x(1, 100 * i + 10, 30, "gemm"), x(1, 100 * i + 60, 20, "fusion")]
-             for i in range(3)]
-    return meta + [e for step in steps for e in step]
-
-
 def test_decode_plots_and_profile_plumbing(tmp_path, monkeypatch):
     """CPU traces have no GPU events, so a fake GPU trace stands in to check the bubble fields
     and the timeline reach the JSON and the plots."""
     pytest.importorskip("matplotlib")
-    monkeypatch.setattr(decode.trace, "load_events", fake_gpu_trace)
+    monkeypatch.setattr(decode.trace, "load_events", fake_gpu_trace("decode_step", 3))
     result = run_cli(tmp_path, "--batches", "2", "--plots", "--profile", "--modes", "sync", "nohost")
     for r in result["results"]:
         assert (r["busy_us"], r["idle_us"], r["n_kernels"]) == (50, 20, 2), r

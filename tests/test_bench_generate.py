@@ -15,6 +15,8 @@ import te_async.models as models
 from te_async.bench import __main__ as cli
 from te_async.bench import generate, presets
 
+from helpers import fake_gpu_trace
+
 BATCHES, CONTEXT, PROMPT, STEPS, CHECK = (1, 3), 40, 16, 3, 3
 CPU = jax.default_backend() == "cpu"
 
@@ -121,21 +123,11 @@ def test_cache_holds_the_prompt_then_random_entries_of_its_scale(result):
             assert 0.8 < ratio < 1.25, (name, ratio)
 
 
-def _fake_gpu_trace(path):
-    """Three annotated steps of two kernels with a 20 us bubble, as a GPU trace would show them."""
-    meta = [{"ph": "M", "pid": 1, "name": "process_name", "args": {"name": "/device:GPU:0"}},
-            {"ph": "M", "pid": 1, "tid": 7, "name": "thread_name", "args": {"name": "Stream #7(Compute)"}}]
-    x = lambda pid, ts, dur, name: {"ph": "X", "pid": pid, "tid": 7, "ts": ts, "dur": dur, "name": name}
-    steps = [[x(2, 100 * i, 90, generate.ANNOTATION), x(1, 100 * i + 10, 30, "gemm"), x(1, 100 * i + 60, 20, "fusion")]
-             for i in range(generate.PROFILED_STEPS)]
-    return meta + [e for step in steps for e in step]
-
-
 def test_profile_plumbing_and_plots(tmp_path, monkeypatch, result):
     """CPU traces have no GPU events, so a fake GPU trace stands in to check that the idle fields
     and the timeline reach the JSON, the table and the plots. (After `result`: its steps are compiled.)"""
     pytest.importorskip("matplotlib")
-    monkeypatch.setattr(generate.trace, "load_events", _fake_gpu_trace)
+    monkeypatch.setattr(generate.trace, "load_events", fake_gpu_trace(generate.ANNOTATION, generate.PROFILED_STEPS))
     data = run_cli(tmp_path, "--batches", "1", "--modes", "sync", "ragged_dot", "--profile", "--plots")
     for r in data["results"]:
         assert (r["busy_us"], r["idle_us"], r["n_kernels"]) == (50, 20, 2), r

@@ -27,7 +27,6 @@ otherwise.
 
 import argparse
 import itertools
-import json
 import math
 
 import jax
@@ -285,10 +284,7 @@ def run(args) -> dict:
         if window is not None and b == detail:
             intervals[mode] = trace.timeline_intervals(args.out / "traces" / f"{mode}_T{b}", window=window)
 
-    if intervals:
-        (args.out / f"decode_timeline_T{detail}.json").write_text(json.dumps(intervals))
-        if args.plots:
-            trace.plot_timeline(intervals, args.out / f"decode_timeline_T{detail}.png")
+    trace.write_timeline(intervals, args.out / f"decode_timeline_T{detail}", args.plots)
     if args.plots:
         plot_latency(results, modes, args.out / "decode_latency.png")
     table = markdown(results, modes, batches)

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import dense, models
-from ..mlp import activate
+from ..models.ffn import swiglu_mlp
 from . import presets, timing
 
 KERNELS = ("xla", "te_async")
@@ -43,10 +43,7 @@ def gemms(config) -> dict:
 
 
 def _shared_mlp(kernel):
-    def mlp(x, w_gate_up, w_down):
-        h = dense.linear(x, w_gate_up, kernel=kernel)
-        return dense.linear(activate(h, "swiglu"), w_down, kernel=kernel)
-    return mlp
+    return lambda x, w_gate_up, w_down: swiglu_mlp({"w_gate_up": w_gate_up, "w_down": w_down}, x, kernel)
 
 
 def _scanned(fn):

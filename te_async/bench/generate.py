@@ -65,7 +65,6 @@ batch that runs out of memory gets a row with its error; the sweep goes on.
 import argparse
 import dataclasses
 import functools
-import json
 import time
 
 import jax
@@ -370,10 +369,7 @@ def run(args) -> dict:
                                profile_dir=args.out / "traces" if profile else None, detail_batch=detail,
                                log=lambda line: print(line, flush=True))
 
-    if intervals:
-        (args.out / f"generate_timeline_B{detail}.json").write_text(json.dumps(intervals))
-        if args.plots:
-            trace.plot_timeline(intervals, args.out / f"generate_timeline_B{detail}.png")
+    trace.write_timeline(intervals, args.out / f"generate_timeline_B{detail}", args.plots)
     if args.plots:
         decode.plot_latency(results, modes, args.out / "generate_latency.png", key="p50_ms",
                             xlabel="batch (sequences, one token each per step)", ylabel="per-token latency, p50 (ms)",

@@ -11,6 +11,7 @@ import gzip
 import json
 import math
 import os
+import pathlib
 import re
 
 _GPU = re.compile(r"/device:GPU:(\d+)(?!\d)")
@@ -209,6 +210,16 @@ def timeline_intervals(path, device=0, window=None):
     lo, hi = window or _span(dev)
     return [(d["stream"], max(d["start"], lo), min(d["end"], hi) - max(d["start"], lo), d["name"])
             for d in dev if d["end"] > lo and d["start"] < hi]
+
+
+def write_timeline(intervals_by_mode, stem, plots: bool) -> None:
+    """A benchmark's profiled step per mode, as `stem`.json and, with plots, `stem`.png; nothing
+    when no mode was profiled."""
+    if not intervals_by_mode:
+        return
+    pathlib.Path(f"{stem}.json").write_text(json.dumps(intervals_by_mode))
+    if plots:
+        plot_timeline(intervals_by_mode, f"{stem}.png")
 
 
 def plot_timeline(intervals_by_mode, out_png):

@@ -7,7 +7,7 @@ from ..dense import linear
 from ..mlp import activate
 
 
-def swiglu_mlp(p: dict, x: jax.Array) -> jax.Array:
+def swiglu_mlp(p: dict, x: jax.Array, kernel: str = "auto") -> jax.Array:
     """down(silu(x @ gate) * (x @ up)) with float32 accumulation, in x's dtype (te_async.dense.linear:
-    at decode sizes the weights are read by te_async's small-M kernel)."""
-    return linear(activate(linear(x, p["w_gate_up"]), "swiglu"), p["w_down"])
+    at decode sizes the weights are read by te_async's small-M kernel; `kernel` is linear's)."""
+    return linear(activate(linear(x, p["w_gate_up"], kernel=kernel), "swiglu"), p["w_down"], kernel=kernel)
