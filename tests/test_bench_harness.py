@@ -71,11 +71,14 @@ def test_prefill_contenders_agree_with_reference(rng, gemm):
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=name)
 
 
-@pytest.mark.parametrize("argv", [["decode-gemm", "--modes", "reed"], ["prefill", "--gemms", "fc3"]])
-def test_unknown_mode_or_gemm_is_refused_before_any_work(tmp_path, capsys, argv):
+@pytest.mark.parametrize("argv,message", [(["decode-gemm", "--modes", "reed"], "invalid choice"),
+                                          (["prefill", "--gemms", "fc3"], "invalid choice"),
+                                          (["dense", "--rows", "0"], "must be a positive integer"),
+                                          (["dense", "--layers", "-2"], "must be a positive integer")])
+def test_unknown_mode_or_gemm_is_refused_before_any_work(tmp_path, capsys, argv, message):
     with pytest.raises(SystemExit) as e:
         cli.main([*argv, "--out", str(tmp_path)])
-    assert e.value.code == 2 and "invalid choice" in capsys.readouterr().err
+    assert e.value.code == 2 and message in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
 
 

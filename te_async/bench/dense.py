@@ -24,9 +24,9 @@ KERNELS = ("xla", "te_async")
 
 def add_arguments(p) -> None:
     presets.add_argument(p)
-    p.add_argument("--rows", type=int, nargs="+", help="B, rows per GEMM (default: 1 2 4 8)")
-    p.add_argument("--layers", type=int, help="stacked weight copies per call (default: 26 on a GPU, 2 elsewhere)")
-    p.add_argument("--reps", type=int, default=20, help="timing samples of 5 calls each (default: 20)")
+    p.add_argument("--rows", type=presets.positive_int, nargs="+", help="B, rows per GEMM (default: 1 2 4 8)")
+    p.add_argument("--layers", type=presets.positive_int, help="stacked weight copies per call (default: 26 on a GPU, 2 elsewhere)")
+    p.add_argument("--reps", type=presets.positive_int, default=20, help="timing samples of 5 calls each (default: 20)")
 
 
 def gemms(config) -> dict:

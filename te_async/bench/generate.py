@@ -305,25 +305,18 @@ def markdown(results, modes, batches) -> str:
 # --------------------------------------------------------------------------------------- the CLI
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
-
-
 def add_arguments(parser) -> None:
     presets.add_argument(parser)
     parser.add_argument("--hf", metavar="PATH", help="a local Hugging Face checkpoint (config.json + safetensors) "
                         "instead of a preset's random weights (--preset is then ignored)")
-    parser.add_argument("--layers", type=_positive, help="decoder layers (default: the model's; fewer make a quicker run)")
-    parser.add_argument("--batches", type=_positive, nargs="+",
+    parser.add_argument("--layers", type=presets.positive_int, help="decoder layers (default: the model's; fewer make a quicker run)")
+    parser.add_argument("--batches", type=presets.positive_int, nargs="+",
                         help="sequences per step (default: 1 2 4 8 16 32 64 on a GPU; 1 4 elsewhere)")
-    parser.add_argument("--context", type=_positive, help="cached tokens the last step attends to, the cache's length "
+    parser.add_argument("--context", type=presets.positive_int, help="cached tokens the last step attends to, the cache's length "
                         "(default: 4096 on a GPU; 128 elsewhere)")
-    parser.add_argument("--prompt", type=_positive, default=16, help="prefilled prompt tokens at the cache's start (default: 16)")
-    parser.add_argument("--steps", type=_positive, help="timed decode steps per mode and batch (default: 200 on a GPU; 16 elsewhere)")
-    parser.add_argument("--check-tokens", type=_positive, default=4,
+    parser.add_argument("--prompt", type=presets.positive_int, default=16, help="prefilled prompt tokens at the cache's start (default: 16)")
+    parser.add_argument("--steps", type=presets.positive_int, help="timed decode steps per mode and batch (default: 200 on a GPU; 16 elsewhere)")
+    parser.add_argument("--check-tokens", type=presets.positive_int, default=4,
                         help="greedy tokens checked against the reference mode before timing (default: 4)")
     parser.add_argument("--modes", nargs="+", choices=list(MODES), help="default: all; the first is the reference")
     parser.add_argument("--dtype", choices=["bfloat16", "float32"],

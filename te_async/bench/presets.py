@@ -8,6 +8,7 @@ config shrunk to 8 experts of hidden 64, expert FFN 96, top-2 and 3 decoder laye
 MoE), small enough that every benchmark runs on a CPU in under a minute.
 """
 
+import argparse
 from typing import NamedTuple
 
 import jax
@@ -53,6 +54,14 @@ class Model(NamedTuple):
 
 NAMES = (*models.PUBLISHED, "tiny")
 PRESETS = {name: Model.of(config(name)) for name in NAMES}
+
+
+def positive_int(text: str) -> int:
+    """An argparse type for counts: a whole number above 0, else argparse's error naming the option."""
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
 
 
 def add_argument(parser) -> None:
