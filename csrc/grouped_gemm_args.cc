@@ -9,14 +9,14 @@ bool IsGemmType(ffi::DataType t) {
   return t == ffi::DataType::BF16 || t == ffi::DataType::F16 || t == ffi::DataType::F32;
 }
 
+}  // namespace
+
 std::string Dims(const ffi::AnyBuffer& b) {
   std::string s = "[";
   auto d = b.dimensions();
   for (size_t i = 0; i < d.size(); ++i) s += (i ? "," : "") + std::to_string(d[i]);
   return s + "]";
 }
-
-}  // namespace
 
 ffi::Error CheckGroupCount(int64_t groups) {
   if (groups < 1) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -29,6 +30,9 @@ struct GroupedGemmShape {
   ffi::DataType in_type = ffi::DataType::INVALID;
   ffi::DataType out_type = ffi::DataType::INVALID;
 };
+
+// A buffer's dimensions as "[d0,d1,...]", for error messages.
+std::string Dims(const ffi::AnyBuffer& b);
 
 // 1..kMaxGroups groups, with a message for each way to miss (every handler's entry check).
 ffi::Error CheckGroupCount(int64_t groups);

@@ -5,47 +5,20 @@ In async mode the block issues copy_group_sizes right after routing, before the 
 and hands the handle to grouped_mlp, so that the group-sizes copy overlaps the dispatch.
 """
 
-from typing import NamedTuple, Optional
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
 
+from . import decode_moe
 from .group_sizes import copy_group_sizes
-from .mlp import grouped_mlp, resolve_mlp_mode
-
-
-class Routing(NamedTuple):
-    weights: jax.Array  # [T, k] float32, renormalised over the chosen experts
-    experts: jax.Array  # [T, k] int32
-
-
-class Dispatch(NamedTuple):
-    group_sizes: jax.Array  # [E] int32: rows per expert, in expert order
-    token_of_row: jax.Array  # [T*k] int32: which token each sorted row copies
-    row_of_choice: jax.Array  # [T*k] int32: where each (token, choice) landed among the rows
+from .mlp import grouped_mlp, normalize, resolve_mlp_mode
+from .routing import Dispatch, Routing, combine, plan_dispatch, route, route_reference  # noqa: F401 (re-exported)
 
 
 def route_top_k(x: jax.Array, router: jax.Array, top_k: int) -> Routing:
-    """Softmax router in float32; the top-k weights are renormalised to sum to one."""
-    probs = jax.nn.softmax(jnp.dot(x, router, preferred_element_type=jnp.float32), axis=-1)
-    weights, experts = jax.lax.top_k(probs, top_k)
-    return Routing(weights / jnp.sum(weights, axis=-1, keepdims=True), experts.astype(jnp.int32))
-
-
-def plan_dispatch(experts: jax.Array, num_experts: int) -> Dispatch:
-    """Sorts the T*k (token, choice) pairs by expert, stably, on the device."""
-    flat = experts.reshape(-1)
-    order = jnp.argsort(flat, stable=True).astype(jnp.int32)
-    group_sizes = jnp.bincount(flat, length=num_experts).astype(jnp.int32)
-    row_of_choice = jnp.zeros_like(order).at[order].set(jnp.arange(order.shape[0], dtype=jnp.int32))
-    return Dispatch(group_sizes, order // experts.shape[1], row_of_choice)
-
-
-def combine(y_rows: jax.Array, dispatch: Dispatch, weights: jax.Array) -> jax.Array:
-    """Unpermutes the expert outputs and sums each token's k of them with its router weights."""
-    t, k = weights.shape
-    y = y_rows[dispatch.row_of_choice].reshape(t, k, -1).astype(jnp.float32)
-    return jnp.einsum("tkh,tk->th", y, weights).astype(y_rows.dtype)
+    """Softmax router in float32; the top-k weights are renormalised to sum to one (plain JAX)."""
+    return route_reference(jnp.dot(x, router, preferred_element_type=jnp.float32), top_k, renormalize=True)
 
 
 def moe_block(
@@ -61,16 +34,21 @@ def moe_block(
     group_sizes_mode: Optional[str] = None,
     use_async_d2h_group_sizes: bool = False,
     early_copy: bool = True,
+    fuse: bool = True,
 ) -> jax.Array:
     """y = sum_k w_k * expert_k(norm(x)) for x [T, H]; router [H, E]; expert weights as grouped_mlp.
 
     early_copy=False leaves the async copy to grouped_mlp itself (issued after the permutation),
-    which the benchmarks use to show what issuing it early buys.
+    which the benchmarks use to show what issuing it early buys. In device mode at decode sizes the
+    routed experts run fused with the permutation (te_async.decode_moe); fuse=False keeps the
+    unfused path, for comparison.
     """
-    routing = route_top_k(x, router, top_k)
-    dispatch = plan_dispatch(routing.experts, router.shape[1])
+    routing, dispatch = route(jnp.dot(x, router, preferred_element_type=jnp.float32), top_k, renormalize=True)
     mode = resolve_mlp_mode(group_sizes_mode, use_async_d2h_group_sizes, None, groups=router.shape[1],
                             rows=x.shape[0] * top_k, w_fc1=w_fc1, w_fc2=w_fc2)
+    if fuse and decode_moe.applies(x.shape[0], top_k, w_fc1, w_fc2, mode=mode, activation=activation):
+        xn = normalize(x, norm_scale, None, norm, 1e-6)  # grouped_mlp's default eps, as below
+        return decode_moe.fused_experts(xn, routing, dispatch, w_fc1, w_fc2)
     handle = None
     if mode == "async" and early_copy:
         handle = copy_group_sizes(dispatch.group_sizes)

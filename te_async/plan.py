@@ -99,7 +99,7 @@ def _local_gpu_kinds() -> set:
     return {_device_kind(d.local_hardware_id) for d in jax.local_devices(backend="gpu")}
 
 
-def _on_gpu() -> bool:
+def on_gpu() -> bool:
     return _ffi.gpu_present() and jax.default_backend() == "gpu"
 
 
@@ -115,7 +115,7 @@ def _plan(shape: GemmShape, settings: Settings) -> DevicePlan:
 def plan_device_gemm(shape: GemmShape) -> DevicePlan:
     """The plan for every local GPU (one plan: GPUs of different kinds must agree on the kernel
     and config; the workspace is the largest any of them needs). ("cpu", "", 0) off the GPU."""
-    return _plan(shape, read_settings()) if _on_gpu() else DevicePlan("cpu", "", 0)
+    return _plan(shape, read_settings()) if on_gpu() else DevicePlan("cpu", "", 0)
 
 
 def device_mode_is_fast(shapes: Iterable[GemmShape]) -> bool:
@@ -123,7 +123,7 @@ def device_mode_is_fast(shapes: Iterable[GemmShape]) -> bool:
     wgrad shapes alike): small_groups, CUTLASS, or the portable kernel at decode sizes, where its
     work is small; off the GPU every mode runs the same reference, so device mode always is. The
     settings are read once for all the shapes."""
-    if not _on_gpu():
+    if not on_gpu():
         return True
     settings = read_settings()
     return all(_plan(s, settings).kernel != "portable" or s.rows <= settings.small_groups_max_rows for s in shapes)

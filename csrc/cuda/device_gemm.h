@@ -37,7 +37,18 @@ struct DeviceGemm {
 // Each launcher enqueues on `stream` only (kernels, cudaMemsetAsync), checks every CUDA return
 // code and the launch error, and returns an FFI error naming the failure. The handler has checked
 // the shape (CheckGroupedGemm) and the plan before.
-xla::ffi::Error LaunchSmallGroups(const DeviceGemm& g, cudaStream_t stream);  // small_group_gemm.cu
+// The decode MoE block's fusion into small_groups ([G,K,N] rhs, K never split; expert_gemm.cc):
+// the routing kernel's choice_of_row (moe_routing.cu) says where each sorted row comes from and
+// goes to, so that no permutation is materialised, and fc2 applies fc1's activation as it loads.
+struct SmallGroupsFusion {
+  const int32_t* choice_of_row = nullptr;  // [M], a permutation of [0, M); nullptr: no fusion
+  const float* choice_weights = nullptr;   // [M]: the routing weights [T, k], flat
+  int gather_div = 0;    // > 0: lhs has M / gather_div rows; row r reads lhs row choice_of_row[r] / gather_div
+  bool scatter = false;  // row r is written to out row choice_of_row[r], times choice_weights[choice_of_row[r]]
+  bool swiglu = false;   // lhs is [rows, 2K]: the GEMM reads silu(lhs[:, :K]) * lhs[:, K:], rounded to lhs's dtype
+};
+xla::ffi::Error LaunchSmallGroups(const DeviceGemm& g, cudaStream_t stream,
+                                  const SmallGroupsFusion& fusion = {});  // small_group_gemm.cu
 // How small_groups splits K for a shape on a GPU of sm_count SMs (small_group_gemm.cu says why):
 // slices of slice_k k-rows, and the workspace the partial sums need (0 when slices == 1).
 struct SmallGroupsSplitK {

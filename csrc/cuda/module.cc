@@ -15,6 +15,7 @@
 #include "cuda/device_gemm.h"
 #include "cuda/handlers.h"
 #include "cuda/host_size_slots.h"
+#include "cuda/moe_routing.h"
 #include "cuda/stream_pool.h"
 
 namespace nb = nanobind;
@@ -25,6 +26,8 @@ NB_MODULE(_te_async_cuda, m) {
     d["te_async_copy_group_sizes"] = te_async::EncapsulateFfiHandler(te_async::kCopyGroupSizesCuda);
     d["te_async_grouped_gemm"] = te_async::EncapsulateFfiHandler(te_async::kGroupedGemmCuda);
     d["te_async_grouped_gemm_device"] = te_async::EncapsulateFfiHandler(te_async::kGroupedGemmDeviceCuda);
+    d["te_async_expert_gemm"] = te_async::EncapsulateFfiHandler(te_async::kExpertGemmCuda);
+    d["te_async_route"] = te_async::EncapsulateFfiHandler(te_async::kRouteCuda);
     return d;
   });
   m.def("host_size_stats", [](int device) {
@@ -75,6 +78,8 @@ NB_MODULE(_te_async_cuda, m) {
       nb::arg("in_dtype"), nb::arg("out_dtype"), nb::arg("compute_capability"), nb::arg("sm_count"),
       nb::arg("small_groups_max_rows"), nb::arg("cutlass_config"));
   m.attr("CUTLASS_BUILT") = te_async::CutlassBuilt();
+  m.attr("ROUTE_MAX_EXPERTS") = te_async::kRouteMaxExperts;
+  m.attr("ROUTE_MAX_CHOICES") = te_async::kRouteMaxChoices;
   // The configs each form can run, by form ("m", "mt", "k"), for TE_ASYNC_CUTLASS_CONFIG; empty
   // when CUTLASS is not built.
   nb::dict configs;

@@ -214,7 +214,37 @@ struct Args {
   int slices;
   int slice_k;
   float* partial;
+  // Fusion (SmallGroupsFusion, device_gemm.h): lhs row stride, and the row map's inputs.
+  int lhs_ld;
+  const int32_t* choice_of_row;  // nullptr: row r reads lhs row r and writes out row r
+  const float* choice_weights;
+  int gather_div;  // > 0: row r reads lhs row choice_of_row[r] / gather_div
+  bool scatter;    // row r writes out row choice_of_row[r], times choice_weights[choice_of_row[r]]
 };
+
+// Where the rows of the current chunk come from and go to (shared memory, set per item).
+struct RowMap {
+  int src[kChunkRows];  // lhs row, -1: zeros
+  int dst[kChunkRows];  // out row, -1: not written
+  float scale[kChunkRows];
+};
+
+// All threads; the caller synchronises before (the map's last readers) and after.
+__device__ __forceinline__ void SetRowMap(const Args& a, int row0, int rows, RowMap& map) {
+  const int r = threadIdx.x;
+  if (r >= rows) return;
+  const int row = row0 + r;
+  if (a.choice_of_row == nullptr) {
+    map.src[r] = map.dst[r] = row;
+    map.scale[r] = 1.f;
+    return;
+  }
+  const int c = a.choice_of_row[row];
+  const bool ok = c >= 0 && c < a.rows;  // a permutation of [0, M) from te_async's routing kernel
+  map.src[r] = !ok ? -1 : a.gather_div > 0 ? c / a.gather_div : row;
+  map.dst[r] = !ok ? -1 : a.scatter ? c : row;
+  map.scale[r] = ok && a.scatter ? a.choice_weights[c] : 1.f;
+}
 
 struct ChunkTables {
   int offs[kMaxG + 1];  // clamped group row offsets; offs[G] = clamped total
@@ -280,17 +310,29 @@ __device__ __forceinline__ void WithRowCount(int rows, Fn&& fn) {
 template <typename T>
 struct KnShared {
   ChunkTables tables;
+  RowMap map;
   // Activations of the current chunk as f32 [k - k0][8] for kStageK k-rows; after the K loop, the
   // per-warp partial sums ([warp][flat][cx], at most kWarps * 8 * 8 * 8 floats).
   __align__(16) float buf[kStageK * kChunkRows];
 };
 
-// Stages activation rows row0..row0+RR-1, k-rows [k0, k0 + kStageK), as f32 [k - k0][8]; rows past
-// RR and k-rows past K are 0 (so that zero-weight tail rows contribute exactly 0).
-template <typename T, int RR>
-__device__ __forceinline__ void StageActivations(const T* __restrict__ lhs, int row0, int K, int k0,
-                                                 float* buf) {
-  const T* x = lhs + static_cast<long long>(row0) * K + k0;  // row r at x + r * K
+// One activation: lhs[k], or with kSwiglu silu(lhs[k]) * lhs[K + k] rounded to T, as
+// te_async.mlp.activate computes it (f32, then the input dtype).
+template <typename T, bool kSwiglu>
+__device__ __forceinline__ float LoadActivation(const T* row, int K, int k) {
+  if constexpr (kSwiglu) {
+    const float g = LoadFloat(row + k), u = LoadFloat(row + K + k);
+    return ToFloat(FromFloat<T>(g / (1.f + expf(-g)) * u));
+  } else {
+    return LoadFloat(row + k);
+  }
+}
+
+// Stages the chunk's activation rows (map.src), k-rows [k0, k0 + kStageK), as f32 [k - k0][8];
+// rows past RR, rows without a source and k-rows past K are 0 (so that they contribute exactly 0).
+template <typename T, bool kSwiglu, int RR>
+__device__ __forceinline__ void StageActivations(const T* __restrict__ lhs, int ld, const RowMap& map, int K,
+                                                 int k0, float* buf) {
   const int kmax = K - k0;
   // A thread stages kStageK / kThreads k-rows. With up to 2 rows, the loads of all of them are
   // issued before the first store: one L2 round trip per stage instead of four. More rows: one
@@ -304,7 +346,10 @@ __device__ __forceinline__ void StageActivations(const T* __restrict__ lhs, int 
       const int kl = kl0 + p * kThreads;
 #pragma unroll
       for (int r = 0; r < kChunkRows; ++r) {
-        v[p][r] = (r < RR && kl < kmax) ? LoadFloat(x + static_cast<long long>(r) * K + kl) : 0.f;
+        const int src = r < RR ? map.src[r] : -1;
+        v[p][r] = (src >= 0 && kl < kmax)
+                      ? LoadActivation<T, kSwiglu>(lhs + static_cast<long long>(src) * ld + k0, K, kl)
+                      : 0.f;
       }
     }
 #pragma unroll
@@ -333,16 +378,16 @@ __device__ __forceinline__ void LoadWeightRows(const T* p, long long row_stride,
 
 // One iteration (kStep = 32 * U k-rows of the block) of the [G,K,N] reduction, with its weights
 // `cur` already requested: restage the activations at each kStageK boundary, then the FMAs.
-template <typename T, bool kVec, int RR, int U>
-__device__ __forceinline__ void KnStep(int it, const T* lhs, int row0, int K, int k_begin, int ky, float* buf,
-                                       const uint4 (&cur)[U], float (&acc)[RR][Elem<T>::kVec]) {
+template <typename T, bool kVec, bool kSwiglu, int RR, int U>
+__device__ __forceinline__ void KnStep(int it, const T* lhs, int ld, const RowMap& map, int K, int k_begin, int ky,
+                                       float* buf, const uint4 (&cur)[U], float (&acc)[RR][Elem<T>::kVec]) {
   constexpr int V = Elem<T>::kVec;
   constexpr int kStep = 32 * U;
   const int kb = it * kStep;  // relative to k_begin, the item's first k-row
   const int kl0 = kb % kStageK;
   if (kl0 == 0) {     // block-uniform
     __syncthreads();  // previous pass (or the previous item's reduction) is done with buf
-    StageActivations<T, RR>(lhs, row0, K, k_begin + kb, buf);
+    StageActivations<T, kSwiglu, RR>(lhs, ld, map, K, k_begin + kb, buf);
     __syncthreads();
   }
 #pragma unroll
@@ -365,7 +410,7 @@ __device__ __forceinline__ void KnStep(int it, const T* lhs, int row0, int K, in
   }
 }
 
-template <typename T, typename TO, bool kVec, bool kSplit, int RR>
+template <typename T, typename TO, bool kVec, bool kSplit, bool kSwiglu, int RR>
 __device__ __forceinline__ void KnItem(const Args& a, const Chunk& ch, int n0, int slice, KnShared<T>& sh) {
   constexpr int V = Elem<T>::kVec;
   constexpr int kTile = 8 * V;
@@ -399,7 +444,7 @@ __device__ __forceinline__ void KnItem(const Args& a, const Chunk& ch, int n0, i
   for (int it = 0; it < iters; ++it) {
     uint4 w[U];
     LoadWeightRows<T, kVec, U>(wp + it * step_stride, row_stride, k_begin + it * kStep + ky, k_end, valid_cols, w);
-    KnStep<T, kVec, RR, U>(it, lhs, ch.row0, K, k_begin, ky, sh.buf, w, acc);
+    KnStep<T, kVec, kSwiglu, RR, U>(it, lhs, a.lhs_ld, sh.map, K, k_begin, ky, sh.buf, w, acc);
   }
 
   // Reduce over the 4 k-slices of the warp (lanes differing in bits 3 and 4): a reduce-scatter,
@@ -440,18 +485,19 @@ __device__ __forceinline__ void KnItem(const Args& a, const Chunk& ch, int n0, i
     float s = 0.f;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) s += sh.buf[(w * NV + flat) * 8 + ocx];
-    if (n0 + c >= N) continue;
-    const long long at = static_cast<long long>(ch.row0 + r) * N + n0 + c;
-    if (kSplit) {
+    const int dst = sh.map.dst[r];
+    if (n0 + c >= N || dst < 0) continue;
+    const long long at = static_cast<long long>(dst) * N + n0 + c;
+    if (kSplit) {  // never fused: dst is the row itself
       a.partial[static_cast<long long>(slice) * a.rows * N + at] = s;
     } else {
-      out[at] = FromFloat<TO>(s);
+      out[at] = FromFloat<TO>(s * sh.map.scale[r]);
     }
   }
   // The next item's first write to buf follows a __syncthreads (staging or reduction).
 }
 
-template <typename T, typename TO, bool kVec, bool kSplit>
+template <typename T, typename TO, bool kVec, bool kSplit, bool kSwiglu>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm) SmallGroupsKnKernel(Args a) {
   constexpr int kTile = 8 * Elem<T>::kVec;
   __shared__ KnShared<T> sh;
@@ -465,11 +511,14 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) SmallGroupsKnKernel(Ar
     const int tile = item / per_tile, slice = kSplit ? item % per_tile / chunks : 0;
     const Chunk ch = FindChunk(a, sh.tables, item % chunks);
     const int n0 = tile * kTile;
+    __syncthreads();  // the previous item is done with the row map
+    SetRowMap(a, ch.row0, ch.rows, sh.map);
+    __syncthreads();
     if (ch.group == a.groups) {  // rows past the clamped total: zeros (every slice's partial)
       for (int o = threadIdx.x; o < ch.rows * kTile; o += kThreads) {
-        const int r = o / kTile, c = o % kTile;
-        if (n0 + c >= a.n) continue;
-        const long long at = static_cast<long long>(ch.row0 + r) * a.n + n0 + c;
+        const int r = o / kTile, c = o % kTile, dst = sh.map.dst[r];
+        if (n0 + c >= a.n || dst < 0) continue;
+        const long long at = static_cast<long long>(dst) * a.n + n0 + c;
         if (kSplit) {
           a.partial[static_cast<long long>(slice) * a.rows * a.n + at] = 0.f;
         } else {
@@ -478,7 +527,9 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) SmallGroupsKnKernel(Ar
       }
       continue;
     }
-    WithRowCount(ch.rows, [&](auto rr) { KnItem<T, TO, kVec, kSplit, decltype(rr)::value>(a, ch, n0, slice, sh); });
+    WithRowCount(ch.rows, [&](auto rr) {
+      KnItem<T, TO, kVec, kSplit, kSwiglu, decltype(rr)::value>(a, ch, n0, slice, sh);
+    });
   }
 }
 
@@ -682,7 +733,7 @@ SmallGroupsSplitK PlanSmallGroupsSplitK(const GroupedGemmShape& s, int sm_count)
 namespace {
 
 template <typename T, typename TO>
-ffi::Error Launch(const DeviceGemm& g, cudaStream_t stream) {
+ffi::Error Launch(const DeviceGemm& g, const SmallGroupsFusion& fusion, cudaStream_t stream) {
   const GroupedGemmShape& s = g.s;
   constexpr int V = Elem<T>::kVec;
   Args a;
@@ -695,7 +746,13 @@ ffi::Error Launch(const DeviceGemm& g, cudaStream_t stream) {
   a.rows = static_cast<int>(s.rows);
   a.k = static_cast<int>(s.k);
   a.n = static_cast<int>(s.n);
-  const SmallGroupsSplitK split = PlanSmallGroupsSplitK(s, g.sm_count);
+  a.lhs_ld = static_cast<int>(fusion.swiglu ? 2 * s.k : s.k);
+  a.choice_of_row = fusion.choice_of_row;
+  a.choice_weights = fusion.choice_weights;
+  a.gather_div = fusion.gather_div;
+  a.scatter = fusion.scatter;
+  const bool fused = fusion.choice_of_row != nullptr || fusion.swiglu;
+  const SmallGroupsSplitK split = fused ? SmallGroupsSplitK{} : PlanSmallGroupsSplitK(s, g.sm_count);
   a.slices = split.slices;
   a.slice_k = split.slices > 1 ? split.slice_k : a.k;
   a.partial = static_cast<float*>(g.workspace);
@@ -713,8 +770,13 @@ ffi::Error Launch(const DeviceGemm& g, cudaStream_t stream) {
     if (grid > max_blocks) grid = max_blocks;
     if (grid < 1) grid = 1;
     const bool vec = s.n % V == 0 && Aligned16(g.rhs), splits = split.slices > 1;
-    const auto kernel = vec ? (splits ? SmallGroupsKnKernel<T, TO, true, true> : SmallGroupsKnKernel<T, TO, true, false>)
-                            : (splits ? SmallGroupsKnKernel<T, TO, false, true> : SmallGroupsKnKernel<T, TO, false, false>);
+    auto kernel = vec ? (splits ? SmallGroupsKnKernel<T, TO, true, true, false> : SmallGroupsKnKernel<T, TO, true, false, false>)
+                      : (splits ? SmallGroupsKnKernel<T, TO, false, true, false> : SmallGroupsKnKernel<T, TO, false, false, false>);
+    if constexpr (std::is_same_v<TO, float>) {  // the fused fc2 writes f32 rows (expert_gemm.cc)
+      if (fusion.swiglu) kernel = vec ? SmallGroupsKnKernel<T, TO, true, false, true> : SmallGroupsKnKernel<T, TO, false, false, true>;
+    } else if (fusion.swiglu) {
+      return ffi::Error::InvalidArgument("te_async: small_group_gemm: the swiglu prologue writes float32 only");
+    }
     kernel<<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(a);
     TE_ASYNC_RETURN_IF_ERROR(
         CudaStatus(cudaGetLastError(), "launch of small_group_gemm kernel SmallGroupsKnKernel ([G,K,N] rhs)"));
@@ -741,20 +803,23 @@ ffi::Error Launch(const DeviceGemm& g, cudaStream_t stream) {
 
 }  // namespace
 
-ffi::Error LaunchSmallGroups(const DeviceGemm& g, cudaStream_t stream) {
+ffi::Error LaunchSmallGroups(const DeviceGemm& g, cudaStream_t stream, const SmallGroupsFusion& fusion) {
   const GroupedGemmShape& s = g.s;
   const int64_t limit = INT_MAX / 2;
   if (s.rows < 0 || s.k < 0 || s.n < 0 || s.rows > limit || s.k > limit || s.n > limit) {
     return ffi::Error::InvalidArgument("te_async: small_group_gemm: dimensions out of range");
   }
   if (s.rows == 0 || s.n == 0) return ffi::Error::Success();  // empty output
+  if ((fusion.choice_of_row != nullptr || fusion.swiglu) && (s.transpose_rhs || s.ragged_k)) {
+    return ffi::Error::InvalidArgument("te_async: small_group_gemm: fusion needs ragged m with rhs [G,K,N]");
+  }
   using ffi::DataType;
   const DataType in = s.in_type, out = s.out_type;
-  if (in == DataType::BF16 && out == DataType::BF16) return Launch<__nv_bfloat16, __nv_bfloat16>(g, stream);
-  if (in == DataType::BF16 && out == DataType::F32) return Launch<__nv_bfloat16, float>(g, stream);
-  if (in == DataType::F16 && out == DataType::F16) return Launch<__half, __half>(g, stream);
-  if (in == DataType::F16 && out == DataType::F32) return Launch<__half, float>(g, stream);
-  if (in == DataType::F32 && out == DataType::F32) return Launch<float, float>(g, stream);
+  if (in == DataType::BF16 && out == DataType::BF16) return Launch<__nv_bfloat16, __nv_bfloat16>(g, fusion, stream);
+  if (in == DataType::BF16 && out == DataType::F32) return Launch<__nv_bfloat16, float>(g, fusion, stream);
+  if (in == DataType::F16 && out == DataType::F16) return Launch<__half, __half>(g, fusion, stream);
+  if (in == DataType::F16 && out == DataType::F32) return Launch<__half, float>(g, fusion, stream);
+  if (in == DataType::F32 && out == DataType::F32) return Launch<float, float>(g, fusion, stream);
   return ffi::Error::InvalidArgument("te_async: small_group_gemm: unsupported dtypes (inputs bf16, f16 or f32; "
                                      "output the input dtype or f32)");
 }

@@ -9,7 +9,9 @@ Modes:
   sync, async   moe_block with that group_sizes_mode; async issues the copy before the permutation.
   async_late    async with early_copy=False: the copy issued by grouped_mlp, after the permutation,
                 which shows what issuing it early buys.
-  device        moe_block in device mode, when te_async has it.
+  device        moe_block in device mode, when te_async has it: at decode sizes the routing kernel
+                and the fused experts (te_async.decode_moe).
+  device_unfused  device mode without that fusion (the routing kernel still runs).
   ragged_dot    the same step with jax.lax.ragged_dot for fc1 and fc2: what plain JAX offers.
   nohost        the same step with each sorted row's expert weights gathered and applied by an
                 einsum: equal math that never waits for the host. It reads T*k expert matrices,
@@ -59,10 +61,10 @@ INNER = 5  # steps per timing sample, so that one sample spans a millisecond or 
 PROFILED_STEPS = 3
 
 
-def _te_moe(mode, early_copy=True):
+def _te_moe(mode, early_copy=True, fuse=True):
     def layer(x, p, model):
         return moe_block(x, p["router"], p["w_fc1"], p["w_fc2"], top_k=model.top_k, norm_scale=p["norm_scale"],
-                         norm=NORM, activation=ACTIVATION, group_sizes_mode=mode, early_copy=early_copy)
+                         norm=NORM, activation=ACTIVATION, group_sizes_mode=mode, early_copy=early_copy, fuse=fuse)
 
     return layer
 
@@ -95,6 +97,7 @@ def _gathered_mlp(rows, group_sizes, w_fc1, w_fc2):
 MODES = {"sync": _te_moe("sync"), "async": _te_moe("async"), "async_late": _te_moe("async", early_copy=False)}
 if "device" in GROUP_SIZES_MODES:
     MODES["device"] = _te_moe("device")
+    MODES["device_unfused"] = _te_moe("device", fuse=False)
 MODES.update(ragged_dot=_routed(ragged_dot_mlp), nohost=_routed(_gathered_mlp))
 
 

@@ -1,6 +1,10 @@
 """The MoE block of a decoder layer: route, sort the tokens by expert, run the routed experts
 (te_async.grouped_mlp, or jax.lax.ragged_dot for comparison), combine, add the shared experts.
 
+experts="te_async" in device mode at decode sizes runs the routed experts fused with the
+permutation and the combine (te_async.decode_moe); "te_async_unfused" keeps the unfused path there,
+for comparison. Routing is te_async.routing.route (one CUDA kernel at decode sizes) in every case.
+
 Async mode issues te_async.copy_group_sizes right after routing, then the work that does not need
 the sizes (the shared experts and the token permutation), then the grouped GEMMs, whose launch
 waits for the copy: the GPU runs the shared experts while the host waits. Two
@@ -22,13 +26,14 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
+from .. import decode_moe
 from ..group_sizes import copy_group_sizes
 from ..mlp import activate, grouped_mlp, resolve_mlp_mode
-from ..moe import combine, plan_dispatch
+from ..routing import combine
 from .ffn import swiglu_mlp
 from .routing import route
 
-EXPERTS = ("te_async", "ragged_dot")
+EXPERTS = ("te_async", "te_async_unfused", "ragged_dot")
 
 
 def check_experts(experts: str, group_sizes_mode: Optional[str]) -> None:
@@ -52,10 +57,9 @@ def moe_block(p: dict, cfg, x: jax.Array, *, group_sizes_mode: Optional[str], ex
     shape = x.shape
     x = x.reshape(-1, shape[-1])
     with jax.named_scope("router"):
-        routing = route(x, p["router"], cfg)
-        dispatch = plan_dispatch(routing.experts, cfg.num_experts)
-    handle = None
-    if experts == "te_async":
+        routing, dispatch = route(x, p["router"], cfg)
+    handle = mode = None
+    if experts != "ragged_dot":
         mode = resolve_mlp_mode(group_sizes_mode, False, None, groups=cfg.num_experts,
                                 rows=x.shape[0] * cfg.num_experts_per_tok, w_fc1=p["w_fc1"], w_fc2=p["w_fc2"])
         if mode == "async":
@@ -69,15 +73,23 @@ def moe_block(p: dict, cfg, x: jax.Array, *, group_sizes_mode: Optional[str], ex
                 gate = jnp.dot(x, p["shared_gate"], preferred_element_type=jnp.float32)
                 shared = (jax.nn.sigmoid(gate) * shared.astype(jnp.float32)).astype(x.dtype)
     with jax.named_scope("routed_experts"):
+        if experts == "te_async" and decode_moe.applies(x.shape[0], cfg.num_experts_per_tok, p["w_fc1"], p["w_fc2"],
+                                                        mode=mode, activation="swiglu"):
+            y = decode_moe.fused_experts(x, routing, dispatch, p["w_fc1"], p["w_fc2"])
+            return _finish(y, shared, shape, routing, return_routing)
         rows = x[dispatch.token_of_row]
         if handle is not None and shared is not None:
             shared, rows = jax.lax.optimization_barrier((shared, rows))
-        if experts == "te_async":
+        if experts != "ragged_dot":
             y_rows = grouped_mlp(rows, dispatch.group_sizes, p["w_fc1"], p["w_fc2"], norm=None, activation="swiglu",
                                  group_sizes_mode=mode, host_group_sizes=handle)
         else:
             y_rows = _ragged_dot_experts(rows, dispatch.group_sizes, p["w_fc1"], p["w_fc2"])
         y = combine(y_rows, dispatch, routing.weights)
+    return _finish(y, shared, shape, routing, return_routing)
+
+
+def _finish(y, shared, shape, routing, return_routing):
     if shared is not None:
         y = y + shared
     return (y.reshape(shape), routing.experts) if return_routing else y.reshape(shape)

@@ -1,0 +1,119 @@
+"""MoE routing: router logits -> each token's top-k experts and weights, and the dispatch plan, the
+stable sort of the T*k (token, choice) pairs by expert (group sizes, the row order, its inverse).
+
+route() runs one CUDA kernel for all of it (csrc/cuda/moe_routing.cu) on the GPU where the kernel
+applies (up to ROUTE_MAX_EXPERTS experts and ROUTE_MAX_CHOICES tokens x top_k: decode sizes), in
+place of about ten XLA kernels; elsewhere, and as the kernel's reference, plain JAX
+(route_reference, plan_dispatch). Both: softmax in float32; with n_group > 1, DeepSeek's
+group-limited top-k (keep the topk_group groups whose best expert scores highest, zero the rest);
+jax.lax.top_k's order (larger first, the lower index on ties); the k weights renormalised to sum to
+one when asked; then times `scaling`. The order is stable: rows of one expert keep the (token,
+choice) order. The kernel computes exp and the sums in its own order, so its weights may differ
+from the reference's in the last bits, and a near-tie may go the other way.
+"""
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from . import _ffi, plan
+
+ROUTE = "te_async_route"
+KERNELS = ("auto", "te_async", "xla")
+
+
+class Routing(NamedTuple):
+    weights: jax.Array  # [T, k] float32
+    experts: jax.Array  # [T, k] int32
+
+
+class Dispatch(NamedTuple):
+    group_sizes: jax.Array  # [E] int32: rows per expert, in expert order
+    token_of_row: jax.Array  # [T*k] int32: which token each sorted row copies
+    row_of_choice: jax.Array  # [T*k] int32: where each (token, choice), flat, landed among the rows
+    choice_of_row: jax.Array  # [T*k] int32: the inverse, which flat (token, choice) each row holds
+
+
+def route_reference(logits: jax.Array, top_k: int, *, renormalize: bool, scaling: float = 1.0, n_group: int = 1,
+                    topk_group: int = 1) -> Routing:
+    """The routing in plain JAX, logits [T, E] (any float dtype; computed in float32)."""
+    probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+    if n_group > 1:
+        t, e = probs.shape
+        best_in_group = probs.reshape(t, n_group, e // n_group).max(axis=-1)
+        _, groups = jax.lax.top_k(best_in_group, topk_group)
+        kept = jnp.zeros((t, n_group), bool).at[jnp.arange(t)[:, None], groups].set(True)
+        probs = jnp.where(jnp.repeat(kept, e // n_group, axis=1), probs, 0.0)
+    weights, experts = jax.lax.top_k(probs, top_k)
+    if renormalize:
+        weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
+    return Routing(weights * scaling, experts.astype(jnp.int32))
+
+
+def plan_dispatch(experts: jax.Array, num_experts: int) -> Dispatch:
+    """Sorts the T*k (token, choice) pairs by expert, stably, on the device (plain JAX)."""
+    flat = experts.reshape(-1)
+    order = jnp.argsort(flat, stable=True).astype(jnp.int32)
+    group_sizes = jnp.bincount(flat, length=num_experts).astype(jnp.int32)
+    row_of_choice = jnp.zeros_like(order).at[order].set(jnp.arange(order.shape[0], dtype=jnp.int32))
+    return Dispatch(group_sizes, order // experts.shape[1], row_of_choice, order)
+
+
+def combine(y_rows: jax.Array, dispatch: Dispatch, weights: jax.Array) -> jax.Array:
+    """Unpermutes the expert outputs and sums each token's k of them with its router weights."""
+    t, k = weights.shape
+    y = y_rows[dispatch.row_of_choice].reshape(t, k, -1).astype(jnp.float32)
+    return jnp.einsum("tkh,tk->th", y, weights).astype(y_rows.dtype)
+
+
+def kernel_applies(tokens: int, num_experts: int, top_k: int, n_group: int = 1) -> bool:
+    """Whether route()'s default runs the CUDA kernel for these sizes (on the GPU only)."""
+    module = _ffi.cuda_module()
+    return (plan.on_gpu() and num_experts <= module.ROUTE_MAX_EXPERTS and tokens * top_k <= module.ROUTE_MAX_CHOICES
+            and top_k <= 32 and n_group <= 32)
+
+
+def _check(logits, top_k, n_group, topk_group, kernel):
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+    if logits.ndim != 2:
+        raise ValueError(f"logits must be [T, E], got shape {logits.shape}")
+    e = logits.shape[1]
+    if not 1 <= top_k <= e:
+        raise ValueError(f"top_k must be in [1, {e}] for {e} experts, got {top_k}")
+    if n_group < 1 or e % n_group or not 1 <= topk_group <= n_group:
+        raise ValueError(f"n_group must divide the {e} experts and 1 <= topk_group <= n_group; got n_group={n_group}, "
+                         f"topk_group={topk_group}")
+    if n_group > 1 and topk_group * (e // n_group) < top_k:
+        raise ValueError(f"topk_group={topk_group} groups of {e // n_group} experts hold fewer than top_k={top_k}")
+
+
+def route(logits: jax.Array, top_k: int, *, renormalize: bool, scaling: float = 1.0, n_group: int = 1,
+          topk_group: int = 1, kernel: str = "auto") -> tuple:
+    """logits [T, E] -> (Routing, Dispatch). kernel: "auto" (the CUDA kernel where it applies),
+    "te_async" (the kernel; an error where it does not apply) or "xla" (the plain-JAX reference)."""
+    _check(logits, top_k, n_group, topk_group, kernel)
+    t, e = logits.shape
+    use_kernel = kernel == "te_async" or (kernel == "auto" and kernel_applies(t, e, top_k, n_group))
+    if not use_kernel:
+        routing = route_reference(logits, top_k, renormalize=renormalize, scaling=scaling, n_group=n_group,
+                                  topk_group=topk_group)
+        return routing, plan_dispatch(routing.experts, e)
+    if not kernel_applies(t, e, top_k, n_group):
+        raise ValueError(f"kernel='te_async' needs a GPU, at most {_limits()} (got T={t}, E={e}, top_k={top_k}, "
+                         f"n_group={n_group})")
+    n = t * top_k
+    i32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)
+    weights, experts, group_sizes, choice_of_row, row_of_choice = jax.ffi.ffi_call(
+        ROUTE, (jax.ShapeDtypeStruct((t, top_k), jnp.float32), i32(t, top_k), i32(e), i32(n), i32(n)))(
+            logits.astype(jnp.float32), top_k=top_k, n_group=n_group, topk_group=topk_group,
+            renormalize=bool(renormalize), scaling=jnp.float32(scaling))
+    return Routing(weights, experts), Dispatch(group_sizes, choice_of_row // top_k, row_of_choice, choice_of_row)
+
+
+def _limits() -> str:
+    module = _ffi.cuda_module()
+    if module is None:
+        return "te_async's CUDA extension (not built)"
+    return f"{module.ROUTE_MAX_EXPERTS} experts, {module.ROUTE_MAX_CHOICES} tokens x top_k, top_k and n_group <= 32"
