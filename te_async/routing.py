@@ -16,6 +16,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from . import _ffi, plan
 
@@ -108,7 +109,7 @@ def route(logits: jax.Array, top_k: int, *, renormalize: bool, scaling: float = 
     weights, experts, group_sizes, choice_of_row, row_of_choice = jax.ffi.ffi_call(
         ROUTE, (jax.ShapeDtypeStruct((t, top_k), jnp.float32), i32(t, top_k), i32(e), i32(n), i32(n)))(
             logits.astype(jnp.float32), top_k=top_k, n_group=n_group, topk_group=topk_group,
-            renormalize=bool(renormalize), scaling=jnp.float32(scaling))
+            renormalize=bool(renormalize), scaling=np.float32(scaling))
     return Routing(weights, experts), Dispatch(group_sizes, choice_of_row // top_k, row_of_choice, choice_of_row)
 
 
