@@ -9,9 +9,11 @@ group-limited top-k (keep the topk_group groups whose best expert scores highest
 jax.lax.top_k's order (larger first, the lower index on ties); the k weights renormalised to sum to
 one when asked; then times `scaling`. The order is stable: rows of one expert keep the (token,
 choice) order. The kernel computes exp and the sums in its own order, so its weights may differ
-from the reference's in the last bits, and a near-tie may go the other way.
+from the reference's in the last bits, and a near-tie may go the other way. Gradients flow to the
+logits through the chosen experts' weights, in both.
 """
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -104,13 +106,41 @@ def route(logits: jax.Array, top_k: int, *, renormalize: bool, scaling: float = 
     if not kernel_applies(t, e, top_k, n_group):
         raise ValueError(f"kernel='te_async' needs a GPU, at most {_limits()} (got T={t}, E={e}, top_k={top_k}, "
                          f"n_group={n_group})")
+    return _route_kernel(logits.astype(jnp.float32), top_k, bool(renormalize), float(scaling), n_group, topk_group)
+
+
+def _weights_of(logits, experts, renormalize: bool, scaling: float):
+    """The chosen experts' weights as a function of the logits: the top-k choice is piecewise
+    constant, so this is what gradients flow through (the reference's derivative too)."""
+    weights = jnp.take_along_axis(jax.nn.softmax(logits, axis=-1), experts, axis=-1)
+    if renormalize:
+        weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
+    return weights * scaling
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3, 4, 5))
+def _route_kernel(logits, top_k, renormalize, scaling, n_group, topk_group):
+    t, e = logits.shape
     n = t * top_k
     i32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)
     weights, experts, group_sizes, choice_of_row, row_of_choice = jax.ffi.ffi_call(
         ROUTE, (jax.ShapeDtypeStruct((t, top_k), jnp.float32), i32(t, top_k), i32(e), i32(n), i32(n)))(
-            logits.astype(jnp.float32), top_k=top_k, n_group=n_group, topk_group=topk_group,
-            renormalize=bool(renormalize), scaling=np.float32(scaling))
+            logits, top_k=top_k, n_group=n_group, topk_group=topk_group, renormalize=renormalize,
+            scaling=np.float32(scaling))
     return Routing(weights, experts), Dispatch(group_sizes, choice_of_row // top_k, row_of_choice, choice_of_row)
+
+
+def _route_kernel_fwd(logits, top_k, renormalize, scaling, n_group, topk_group):
+    out = _route_kernel(logits, top_k, renormalize, scaling, n_group, topk_group)
+    return out, (logits, out[0].experts)
+
+
+def _route_kernel_bwd(top_k, renormalize, scaling, n_group, topk_group, residuals, cotangents):
+    logits, experts = residuals
+    return jax.vjp(lambda l: _weights_of(l, experts, renormalize, scaling), logits)[1](cotangents[0].weights)
+
+
+_route_kernel.defvjp(_route_kernel_fwd, _route_kernel_bwd)
 
 
 def _limits() -> str:

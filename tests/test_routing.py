@@ -150,3 +150,14 @@ def test_kernel_at_its_limits(rng):
     check_dispatch(dispatch, np.asarray(ref.experts), experts)
     with pytest.raises(ValueError, match="kernel='te_async' needs"):
         route(jnp.zeros((tokens + 1, experts), jnp.float32), top_k, renormalize=True, kernel="te_async")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", [VARIANTS[2], VARIANTS[3], VARIANTS[4]])
+def test_kernel_gradient_matches_reference(rng, variant):
+    experts, top_k, renormalize, scaling, n_group, topk_group = variant
+    logits = jnp.asarray(random_logits(rng, 5, experts, "random"))
+    probe = jnp.asarray(rng.standard_normal((5, top_k)), jnp.float32)
+    kw = dict(renormalize=renormalize, scaling=scaling, n_group=n_group, topk_group=topk_group)
+    grad = lambda kernel: jax.jit(jax.grad(lambda l: jnp.sum(route(l, top_k, kernel=kernel, **kw)[0].weights * probe)))
+    np.testing.assert_allclose(grad("te_async")(logits), grad("xla")(logits), rtol=1e-5, atol=1e-7)
