@@ -8,7 +8,8 @@ its (token, choice) slot of a float32 [T*k, H] array; one XLA reduction sums the
 come from route()'s kernel (te_async/routing.py), so a decode MoE layer is the router GEMM, the
 routing kernel, fc1, fc2 and the sum. Deterministic, no atomics.
 
-It applies in device mode where both GEMMs' plans choose small_groups (decode sizes), on the GPU,
+It applies in device mode where both GEMMs' plans choose small_groups (decode sizes; at most
+512 rows, the kernel's row table), on the GPU,
 for swiglu (the activation of every model in te_async.models); elsewhere callers run the unfused
 path, which is also its reference. The sum is taken from fc2's float32 accumulators: the unfused
 path rounds fc2's rows to the input dtype first, so the two differ by that rounding. Gradients, if
@@ -18,7 +19,7 @@ asked for, are the unfused path's (a jax.custom_vjp that recomputes it): decode 
 import jax
 import jax.numpy as jnp
 
-from . import plan
+from . import _ffi, plan
 from .mlp import grouped_mlp
 from .routing import Dispatch, Routing, combine
 
@@ -32,6 +33,8 @@ def applies(tokens: int, top_k: int, w_fc1: jax.Array, w_fc2: jax.Array, *, mode
         return False
     groups, hidden, ffn = w_fc2.shape[0], w_fc2.shape[2], w_fc2.shape[1]
     rows, dtype = tokens * top_k, jnp.dtype(w_fc1.dtype).name
+    if rows > _ffi.cuda_module().FUSED_MAX_ROWS:  # TE_ASYNC_SMALL_GROUPS_MAX_ROWS may allow more
+        return False
     shapes = (plan.GemmShape(groups, rows, hidden, 2 * ffn, dtype=dtype),
               plan.GemmShape(groups, rows, ffn, hidden, dtype=dtype, out_dtype="float32"))
     return all(plan.plan_device_gemm(s).kernel == "small_groups" for s in shapes)

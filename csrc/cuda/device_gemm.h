@@ -40,6 +40,7 @@ struct DeviceGemm {
 // The decode MoE block's fusion into small_groups ([G,K,N] rhs, K never split; expert_gemm.cc):
 // the routing kernel's choice_of_row (moe_routing.cu) says where each sorted row comes from and
 // goes to, so that no permutation is materialised, and fc2 applies fc1's activation as it loads.
+inline constexpr int64_t kSmallGroupsFusedMaxRows = 512;  // M of a fused call: its row table is in shared memory
 struct SmallGroupsFusion {
   const int32_t* choice_of_row = nullptr;  // [M], a permutation of [0, M); nullptr: no fusion
   const float* choice_weights = nullptr;   // [M]: the routing weights [T, k], flat

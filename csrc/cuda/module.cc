@@ -80,6 +80,7 @@ NB_MODULE(_te_async_cuda, m) {
   m.attr("CUTLASS_BUILT") = te_async::CutlassBuilt();
   m.attr("ROUTE_MAX_EXPERTS") = te_async::kRouteMaxExperts;
   m.attr("ROUTE_MAX_CHOICES") = te_async::kRouteMaxChoices;
+  m.attr("FUSED_MAX_ROWS") = te_async::kSmallGroupsFusedMaxRows;
   // The configs each form can run, by form ("m", "mt", "k"), for TE_ASYNC_CUTLASS_CONFIG; empty
   // when CUTLASS is not built.
   nb::dict configs;

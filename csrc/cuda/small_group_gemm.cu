@@ -82,6 +82,7 @@ constexpr int kMaxG = static_cast<int>(kMaxGroups);
 constexpr int kNkCols = 4;             // output columns per warp item ([G,N,K] kernel)
 constexpr int kNkLd = 33;              // padded row of the per-warp transpose buffer
 constexpr int kSplitKGranule = 256;    // a K slice is a multiple of every kStep (32 * U k-rows)
+constexpr int kFusedMaxRows = static_cast<int>(kSmallGroupsFusedMaxRows);
 
 // ---- element helpers -----------------------------------------------------------------------
 
@@ -214,7 +215,7 @@ struct Args {
   int slices;
   int slice_k;
   float* partial;
-  // Fusion (SmallGroupsFusion, device_gemm.h): lhs row stride, and the row map's inputs.
+  // Fusion (SmallGroupsFusion, device_gemm.h): lhs row stride, and the row table's inputs.
   int lhs_ld;
   const int32_t* choice_of_row;  // nullptr: row r reads lhs row r and writes out row r
   const float* choice_weights;
@@ -222,45 +223,61 @@ struct Args {
   bool scatter;    // row r writes out row choice_of_row[r], times choice_weights[choice_of_row[r]]
 };
 
-// Where the rows of the current chunk come from and go to (shared memory, set per item).
-struct RowMap {
-  int src[kChunkRows];  // lhs row, -1: zeros
-  int dst[kChunkRows];  // out row, -1: not written
-  float scale[kChunkRows];
+// Fused calls (SmallGroupsFusion): where each of the M <= kFusedMaxRows sorted rows comes from and
+// goes to, loaded once per block before the group offsets (its loads overlap theirs), so that an
+// item needs no load and no barrier for it.
+struct RowTable {
+  short src[kFusedMaxRows];  // lhs row, -1: zeros
+  short dst[kFusedMaxRows];  // out row, -1: not written
+  float scale[kFusedMaxRows];
 };
 
-// All threads; the caller synchronises before (the map's last readers) and after.
-__device__ __forceinline__ void SetRowMap(const Args& a, int row0, int rows, RowMap& map) {
-  const int r = threadIdx.x;
-  if (r >= rows) return;
-  const int row = row0 + r;
-  if (a.choice_of_row == nullptr) {
-    map.src[r] = map.dst[r] = row;
-    map.scale[r] = 1.f;
-    return;
+enum class Fuse { kNone, kRows, kRowsSwiglu };  // the row table; and fc1's swiglu in the prologue
+
+// All threads; PrepareChunks' barriers publish the table.
+__device__ __forceinline__ void LoadRowTable(const Args& a, RowTable& t) {
+  for (int r = threadIdx.x; r < a.rows; r += kThreads) {
+    const int c = a.choice_of_row[r];
+    const bool ok = c >= 0 && c < a.rows;  // a permutation of [0, M) from te_async's routing kernel
+    t.src[r] = static_cast<short>(!ok ? -1 : a.gather_div > 0 ? c / a.gather_div : r);
+    t.dst[r] = static_cast<short>(!ok ? -1 : a.scatter ? c : r);
+    t.scale[r] = ok && a.scatter ? a.choice_weights[c] : 1.f;
   }
-  const int c = a.choice_of_row[row];
-  const bool ok = c >= 0 && c < a.rows;  // a permutation of [0, M) from te_async's routing kernel
-  map.src[r] = !ok ? -1 : a.gather_div > 0 ? c / a.gather_div : row;
-  map.dst[r] = !ok ? -1 : a.scatter ? c : row;
-  map.scale[r] = ok && a.scatter ? a.choice_weights[c] : 1.f;
+}
+
+template <Fuse F>
+__device__ __forceinline__ int SourceRow(const RowTable& t, int row) {
+  if constexpr (F == Fuse::kNone) {
+    return row;
+  } else {
+    return t.src[row];
+  }
+}
+
+template <Fuse F>
+__device__ __forceinline__ int DestRow(const RowTable& t, int row) {
+  if constexpr (F == Fuse::kNone) {
+    return row;
+  } else {
+    return t.dst[row];
+  }
 }
 
 struct ChunkTables {
   int offs[kMaxG + 1];  // clamped group row offsets; offs[G] = clamped total
-  int cnt[kMaxG + 1];   // chunks per group, [G] = chunks of the zero rows past the total
   int coff[kMaxG + 2];  // chunk offsets; coff[G + 1] = total chunks
 };
 
-// All threads of the block. Returns the total number of row chunks.
-__device__ __forceinline__ int PrepareChunks(const Args& a, ChunkTables& t) {
+// All threads of the block; `cnt` is kMaxG + 1 ints of shared scratch (chunks per group, [G] =
+// chunks of the zero rows past the total), free again on return. Returns the total row chunks.
+__device__ __forceinline__ int PrepareChunks(const Args& a, ChunkTables& t, int* cnt) {
   LoadGroupOffsets<kThreads>(a.sizes, a.groups, a.rows, t.offs, a.clamped_calls);
   for (int g = threadIdx.x; g <= a.groups; g += kThreads) {
     const int end = g < a.groups ? t.offs[g + 1] : a.rows;
-    t.cnt[g] = (end - t.offs[g] + kChunkRows - 1) / kChunkRows;
+    cnt[g] = (end - t.offs[g] + kChunkRows - 1) / kChunkRows;
   }
   __syncthreads();
-  LoadGroupOffsets<kThreads>(t.cnt, a.groups + 1, INT_MAX, t.coff);
+  LoadGroupOffsets<kThreads>(cnt, a.groups + 1, INT_MAX, t.coff);
   return t.coff[a.groups + 1];
 }
 
@@ -310,17 +327,17 @@ __device__ __forceinline__ void WithRowCount(int rows, Fn&& fn) {
 template <typename T>
 struct KnShared {
   ChunkTables tables;
-  RowMap map;
+  RowTable rows;
   // Activations of the current chunk as f32 [k - k0][8] for kStageK k-rows; after the K loop, the
   // per-warp partial sums ([warp][flat][cx], at most kWarps * 8 * 8 * 8 floats).
   __align__(16) float buf[kStageK * kChunkRows];
 };
 
-// One activation: lhs[k], or with kSwiglu silu(lhs[k]) * lhs[K + k] rounded to T, as
+// One activation: lhs[k], or with Fuse::kRowsSwiglu silu(lhs[k]) * lhs[K + k] rounded to T, as
 // te_async.mlp.activate computes it (f32, then the input dtype).
-template <typename T, bool kSwiglu>
+template <typename T, Fuse F>
 __device__ __forceinline__ float LoadActivation(const T* row, int K, int k) {
-  if constexpr (kSwiglu) {
+  if constexpr (F == Fuse::kRowsSwiglu) {
     const float g = LoadFloat(row + k), u = LoadFloat(row + K + k);
     return ToFloat(FromFloat<T>(g / (1.f + expf(-g)) * u));
   } else {
@@ -328,11 +345,12 @@ __device__ __forceinline__ float LoadActivation(const T* row, int K, int k) {
   }
 }
 
-// Stages the chunk's activation rows (map.src), k-rows [k0, k0 + kStageK), as f32 [k - k0][8];
-// rows past RR, rows without a source and k-rows past K are 0 (so that they contribute exactly 0).
-template <typename T, bool kSwiglu, int RR>
-__device__ __forceinline__ void StageActivations(const T* __restrict__ lhs, int ld, const RowMap& map, int K,
-                                                 int k0, float* buf) {
+// Stages the activations of rows row0..row0+RR-1 (read from SourceRow), k-rows [k0, k0 + kStageK),
+// as f32 [k - k0][8]; rows past RR, rows without a source and k-rows past K are 0 (so that they
+// contribute exactly 0).
+template <typename T, Fuse F, int RR>
+__device__ __forceinline__ void StageActivations(const T* __restrict__ lhs, int ld, const RowTable& table, int row0,
+                                                 int K, int k0, float* buf) {
   const int kmax = K - k0;
   // A thread stages kStageK / kThreads k-rows. With up to 2 rows, the loads of all of them are
   // issued before the first store: one L2 round trip per stage instead of four. More rows: one
@@ -346,9 +364,9 @@ __device__ __forceinline__ void StageActivations(const T* __restrict__ lhs, int 
       const int kl = kl0 + p * kThreads;
 #pragma unroll
       for (int r = 0; r < kChunkRows; ++r) {
-        const int src = r < RR ? map.src[r] : -1;
+        const int src = r < RR ? SourceRow<F>(table, row0 + r) : -1;
         v[p][r] = (src >= 0 && kl < kmax)
-                      ? LoadActivation<T, kSwiglu>(lhs + static_cast<long long>(src) * ld + k0, K, kl)
+                      ? LoadActivation<T, F>(lhs + static_cast<long long>(src) * ld + k0, K, kl)
                       : 0.f;
       }
     }
@@ -378,16 +396,17 @@ __device__ __forceinline__ void LoadWeightRows(const T* p, long long row_stride,
 
 // One iteration (kStep = 32 * U k-rows of the block) of the [G,K,N] reduction, with its weights
 // `cur` already requested: restage the activations at each kStageK boundary, then the FMAs.
-template <typename T, bool kVec, bool kSwiglu, int RR, int U>
-__device__ __forceinline__ void KnStep(int it, const T* lhs, int ld, const RowMap& map, int K, int k_begin, int ky,
-                                       float* buf, const uint4 (&cur)[U], float (&acc)[RR][Elem<T>::kVec]) {
+template <typename T, bool kVec, Fuse F, int RR, int U>
+__device__ __forceinline__ void KnStep(int it, const T* lhs, int ld, const RowTable& table, int row0, int K,
+                                       int k_begin, int ky, float* buf, const uint4 (&cur)[U],
+                                       float (&acc)[RR][Elem<T>::kVec]) {
   constexpr int V = Elem<T>::kVec;
   constexpr int kStep = 32 * U;
   const int kb = it * kStep;  // relative to k_begin, the item's first k-row
   const int kl0 = kb % kStageK;
   if (kl0 == 0) {     // block-uniform
     __syncthreads();  // previous pass (or the previous item's reduction) is done with buf
-    StageActivations<T, kSwiglu, RR>(lhs, ld, map, K, k_begin + kb, buf);
+    StageActivations<T, F, RR>(lhs, ld, table, row0, K, k_begin + kb, buf);
     __syncthreads();
   }
 #pragma unroll
@@ -410,7 +429,7 @@ __device__ __forceinline__ void KnStep(int it, const T* lhs, int ld, const RowMa
   }
 }
 
-template <typename T, typename TO, bool kVec, bool kSplit, bool kSwiglu, int RR>
+template <typename T, typename TO, bool kVec, bool kSplit, Fuse F, int RR>
 __device__ __forceinline__ void KnItem(const Args& a, const Chunk& ch, int n0, int slice, KnShared<T>& sh) {
   constexpr int V = Elem<T>::kVec;
   constexpr int kTile = 8 * V;
@@ -444,7 +463,7 @@ __device__ __forceinline__ void KnItem(const Args& a, const Chunk& ch, int n0, i
   for (int it = 0; it < iters; ++it) {
     uint4 w[U];
     LoadWeightRows<T, kVec, U>(wp + it * step_stride, row_stride, k_begin + it * kStep + ky, k_end, valid_cols, w);
-    KnStep<T, kVec, kSwiglu, RR, U>(it, lhs, a.lhs_ld, sh.map, K, k_begin, ky, sh.buf, w, acc);
+    KnStep<T, kVec, F, RR, U>(it, lhs, a.lhs_ld, sh.rows, ch.row0, K, k_begin, ky, sh.buf, w, acc);
   }
 
   // Reduce over the 4 k-slices of the warp (lanes differing in bits 3 and 4): a reduce-scatter,
@@ -485,23 +504,27 @@ __device__ __forceinline__ void KnItem(const Args& a, const Chunk& ch, int n0, i
     float s = 0.f;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) s += sh.buf[(w * NV + flat) * 8 + ocx];
-    const int dst = sh.map.dst[r];
+    const int dst = DestRow<F>(sh.rows, ch.row0 + r);
     if (n0 + c >= N || dst < 0) continue;
     const long long at = static_cast<long long>(dst) * N + n0 + c;
-    if (kSplit) {  // never fused: dst is the row itself
+    if constexpr (kSplit) {  // never fused: dst is the row itself
       a.partial[static_cast<long long>(slice) * a.rows * N + at] = s;
+    } else if constexpr (F != Fuse::kNone) {
+      out[at] = FromFloat<TO>(s * sh.rows.scale[ch.row0 + r]);
     } else {
-      out[at] = FromFloat<TO>(s * sh.map.scale[r]);
+      out[at] = FromFloat<TO>(s);
     }
   }
   // The next item's first write to buf follows a __syncthreads (staging or reduction).
 }
 
-template <typename T, typename TO, bool kVec, bool kSplit, bool kSwiglu>
+template <typename T, typename TO, bool kVec, bool kSplit, Fuse F>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm) SmallGroupsKnKernel(Args a) {
   constexpr int kTile = 8 * Elem<T>::kVec;
   __shared__ KnShared<T> sh;
-  const int chunks = PrepareChunks(a, sh.tables);
+  if constexpr (F != Fuse::kNone) LoadRowTable(a, sh.rows);
+  static_assert(sizeof(sh.buf) >= (kMaxG + 1) * sizeof(int), "buf holds PrepareChunks' scratch");
+  const int chunks = PrepareChunks(a, sh.tables, reinterpret_cast<int*>(sh.buf));
   const int tiles = (a.n + kTile - 1) / kTile;
   const int per_tile = kSplit ? chunks * a.slices : chunks;
   const int items = tiles * per_tile;  // < 2^31: checked on the host
@@ -511,12 +534,9 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) SmallGroupsKnKernel(Ar
     const int tile = item / per_tile, slice = kSplit ? item % per_tile / chunks : 0;
     const Chunk ch = FindChunk(a, sh.tables, item % chunks);
     const int n0 = tile * kTile;
-    __syncthreads();  // the previous item is done with the row map
-    SetRowMap(a, ch.row0, ch.rows, sh.map);
-    __syncthreads();
     if (ch.group == a.groups) {  // rows past the clamped total: zeros (every slice's partial)
       for (int o = threadIdx.x; o < ch.rows * kTile; o += kThreads) {
-        const int r = o / kTile, c = o % kTile, dst = sh.map.dst[r];
+        const int r = o / kTile, c = o % kTile, dst = DestRow<F>(sh.rows, ch.row0 + r);
         if (n0 + c >= a.n || dst < 0) continue;
         const long long at = static_cast<long long>(dst) * a.n + n0 + c;
         if (kSplit) {
@@ -528,7 +548,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) SmallGroupsKnKernel(Ar
       continue;
     }
     WithRowCount(ch.rows, [&](auto rr) {
-      KnItem<T, TO, kVec, kSplit, kSwiglu, decltype(rr)::value>(a, ch, n0, slice, sh);
+      KnItem<T, TO, kVec, kSplit, F, decltype(rr)::value>(a, ch, n0, slice, sh);
     });
   }
 }
@@ -673,7 +693,8 @@ __device__ __forceinline__ void NkItem(const Args& a, const Chunk& ch, int n0, f
 template <typename T, typename TO, bool kVec>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm) SmallGroupsNkKernel(Args a) {
   __shared__ NkShared sh;
-  const int chunks = PrepareChunks(a, sh.tables);
+  static_assert(sizeof(sh.red) >= (kMaxG + 1) * sizeof(int), "red holds PrepareChunks' scratch");
+  const int chunks = PrepareChunks(a, sh.tables, reinterpret_cast<int*>(sh.red));  // ends with a barrier
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int tiles = (a.n + kNkCols - 1) / kNkCols;
   const int items = tiles * chunks;  // < 2^31: checked on the host
@@ -770,10 +791,24 @@ ffi::Error Launch(const DeviceGemm& g, const SmallGroupsFusion& fusion, cudaStre
     if (grid > max_blocks) grid = max_blocks;
     if (grid < 1) grid = 1;
     const bool vec = s.n % V == 0 && Aligned16(g.rhs), splits = split.slices > 1;
-    auto kernel = vec ? (splits ? SmallGroupsKnKernel<T, TO, true, true, false> : SmallGroupsKnKernel<T, TO, true, false, false>)
-                      : (splits ? SmallGroupsKnKernel<T, TO, false, true, false> : SmallGroupsKnKernel<T, TO, false, false, false>);
+    constexpr Fuse kNo = Fuse::kNone;
+    auto kernel = vec ? (splits ? SmallGroupsKnKernel<T, TO, true, true, kNo> : SmallGroupsKnKernel<T, TO, true, false, kNo>)
+                      : (splits ? SmallGroupsKnKernel<T, TO, false, true, kNo> : SmallGroupsKnKernel<T, TO, false, false, kNo>);
+    if (fused && fusion.choice_of_row == nullptr) {
+      return ffi::Error::InvalidArgument("te_async: small_group_gemm: fusion needs choice_of_row");
+    }
+    if (fused && s.rows > kFusedMaxRows) {
+      return ffi::Error::InvalidArgument("te_async: small_group_gemm: fusion runs at most " +
+                                         std::to_string(kFusedMaxRows) + " rows, got " + std::to_string(s.rows));
+    }
+    if (fused && !fusion.swiglu) {
+      kernel = vec ? SmallGroupsKnKernel<T, TO, true, false, Fuse::kRows> : SmallGroupsKnKernel<T, TO, false, false, Fuse::kRows>;
+    }
     if constexpr (std::is_same_v<TO, float>) {  // the fused fc2 writes f32 rows (expert_gemm.cc)
-      if (fusion.swiglu) kernel = vec ? SmallGroupsKnKernel<T, TO, true, false, true> : SmallGroupsKnKernel<T, TO, false, false, true>;
+      if (fusion.swiglu) {
+        kernel = vec ? SmallGroupsKnKernel<T, TO, true, false, Fuse::kRowsSwiglu>
+                     : SmallGroupsKnKernel<T, TO, false, false, Fuse::kRowsSwiglu>;
+      }
     } else if (fusion.swiglu) {
       return ffi::Error::InvalidArgument("te_async: small_group_gemm: the swiglu prologue writes float32 only");
     }
