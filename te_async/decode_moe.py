@@ -82,4 +82,6 @@ def fused_experts(x: jax.Array, routing: Routing, dispatch: Dispatch, w_fc1: jax
         raise ValueError(f"x must be [T, H] with T = the routing's {routing.weights.shape[0]} tokens, got {x.shape}")
     if w_fc1.shape[1] != x.shape[1] or w_fc1.shape[2] != 2 * w_fc2.shape[1] or w_fc2.shape[2] != x.shape[1]:
         raise ValueError(f"need w_fc1 [E,H,2F], w_fc2 [E,F,H] for x {x.shape}; got {w_fc1.shape}, {w_fc2.shape}")
-    return _fused(x, routing.weights, dispatch, w_fc1, w_fc2)
+    # The fused kernels where the call is lowered for a GPU; elsewhere (arrays placed on the CPU of
+    # a GPU machine, say) the unfused path, which every backend runs.
+    return jax.lax.platform_dependent(x, routing.weights, dispatch, w_fc1, w_fc2, cuda=_fused, default=_unfused)

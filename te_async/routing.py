@@ -71,10 +71,11 @@ def combine(y_rows: jax.Array, dispatch: Dispatch, weights: jax.Array) -> jax.Ar
 
 
 def kernel_applies(tokens: int, num_experts: int, top_k: int, n_group: int = 1) -> bool:
-    """Whether route()'s default runs the CUDA kernel for these sizes (on the GPU only)."""
+    """Whether the CUDA kernel is built and takes these sizes (route() runs it where the call is
+    lowered for a GPU)."""
     module = _ffi.cuda_module()
-    return (plan.on_gpu() and num_experts <= module.ROUTE_MAX_EXPERTS and tokens * top_k <= module.ROUTE_MAX_CHOICES
-            and top_k <= 32 and n_group <= 32)
+    return (module is not None and num_experts <= module.ROUTE_MAX_EXPERTS
+            and tokens * top_k <= module.ROUTE_MAX_CHOICES and top_k <= 32 and n_group <= 32)
 
 
 def _check(logits, top_k, n_group, topk_group, kernel):
@@ -94,19 +95,42 @@ def _check(logits, top_k, n_group, topk_group, kernel):
 
 def route(logits: jax.Array, top_k: int, *, renormalize: bool, scaling: float = 1.0, n_group: int = 1,
           topk_group: int = 1, kernel: str = "auto") -> tuple:
-    """logits [T, E] -> (Routing, Dispatch). kernel: "auto" (the CUDA kernel where it applies),
-    "te_async" (the kernel; an error where it does not apply) or "xla" (the plain-JAX reference)."""
+    """logits [T, E] -> (Routing, Dispatch). kernel: "auto" (the CUDA kernel where the call is
+    lowered for a GPU and the kernel takes the sizes, else plain JAX), "te_async" (the kernel; an
+    error where it cannot run) or "xla" (plain JAX, the reference)."""
     _check(logits, top_k, n_group, topk_group, kernel)
     t, e = logits.shape
-    use_kernel = kernel == "te_async" or (kernel == "auto" and kernel_applies(t, e, top_k, n_group))
-    if not use_kernel:
-        routing = route_reference(logits, top_k, renormalize=renormalize, scaling=scaling, n_group=n_group,
-                                  topk_group=topk_group)
+    logits = logits.astype(jnp.float32)
+    opts = dict(renormalize=bool(renormalize), scaling=float(scaling), n_group=n_group, topk_group=topk_group)
+
+    def reference(l):
+        routing = route_reference(l, top_k, **opts)
         return routing, plan_dispatch(routing.experts, e)
-    if not kernel_applies(t, e, top_k, n_group):
-        raise ValueError(f"kernel='te_async' needs a GPU, at most {_limits()} (got T={t}, E={e}, top_k={top_k}, "
-                         f"n_group={n_group})")
-    return _route_kernel(logits.astype(jnp.float32), top_k, bool(renormalize), float(scaling), n_group, topk_group)
+
+    def with_kernel(l):
+        return _route_kernel(l, top_k, **opts)
+
+    applies = kernel_applies(t, e, top_k, n_group)
+    if kernel == "xla" or (kernel == "auto" and not applies):
+        return reference(logits)
+    if kernel == "te_async":
+        if not (applies and plan.on_gpu()):
+            raise ValueError(f"kernel='te_async' needs a GPU, at most {_limits()} (got T={t}, E={e}, top_k={top_k}, "
+                             f"n_group={n_group})")
+        return with_kernel(logits)
+    return jax.lax.platform_dependent(logits, cuda=with_kernel, default=reference)
+
+
+def _route_kernel(logits, top_k, *, renormalize, scaling, n_group, topk_group):
+    t, e = logits.shape
+    n = t * top_k
+    i32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)
+    weights, experts, group_sizes, choice_of_row, row_of_choice = jax.ffi.ffi_call(
+        ROUTE, (jax.ShapeDtypeStruct((t, top_k), jnp.float32), i32(t, top_k), i32(e), i32(n), i32(n)))(
+            jax.lax.stop_gradient(logits), top_k=top_k, n_group=n_group, topk_group=topk_group,
+            renormalize=renormalize, scaling=np.float32(scaling))
+    weights = _differentiable_weights(logits, weights, experts, renormalize, scaling)
+    return Routing(weights, experts), Dispatch(group_sizes, choice_of_row // top_k, row_of_choice, choice_of_row)
 
 
 def _weights_of(logits, experts, renormalize: bool, scaling: float):
@@ -118,29 +142,24 @@ def _weights_of(logits, experts, renormalize: bool, scaling: float):
     return weights * scaling
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3, 4, 5))
-def _route_kernel(logits, top_k, renormalize, scaling, n_group, topk_group):
-    t, e = logits.shape
-    n = t * top_k
-    i32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)
-    weights, experts, group_sizes, choice_of_row, row_of_choice = jax.ffi.ffi_call(
-        ROUTE, (jax.ShapeDtypeStruct((t, top_k), jnp.float32), i32(t, top_k), i32(e), i32(n), i32(n)))(
-            logits, top_k=top_k, n_group=n_group, topk_group=topk_group, renormalize=renormalize,
-            scaling=np.float32(scaling))
-    return Routing(weights, experts), Dispatch(group_sizes, choice_of_row // top_k, row_of_choice, choice_of_row)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _differentiable_weights(logits, weights, experts, renormalize, scaling):
+    """The kernel's weights, with _weights_of's gradient to the logits (the kernel itself only
+    ever sees logits without tangents, so its integer outputs carry none)."""
+    return weights
 
 
-def _route_kernel_fwd(logits, top_k, renormalize, scaling, n_group, topk_group):
-    out = _route_kernel(logits, top_k, renormalize, scaling, n_group, topk_group)
-    return out, (logits, out[0].experts)
+def _differentiable_weights_fwd(logits, weights, experts, renormalize, scaling):
+    return weights, (logits, experts)
 
 
-def _route_kernel_bwd(top_k, renormalize, scaling, n_group, topk_group, residuals, cotangents):
+def _differentiable_weights_bwd(renormalize, scaling, residuals, cotangent):
     logits, experts = residuals
-    return jax.vjp(lambda l: _weights_of(l, experts, renormalize, scaling), logits)[1](cotangents[0].weights)
+    d_logits = jax.vjp(lambda l: _weights_of(l, experts, renormalize, scaling), logits)[1](cotangent)[0]
+    return d_logits, None, None
 
 
-_route_kernel.defvjp(_route_kernel_fwd, _route_kernel_bwd)
+_differentiable_weights.defvjp(_differentiable_weights_fwd, _differentiable_weights_bwd)
 
 
 def _limits() -> str:

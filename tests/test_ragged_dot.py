@@ -70,7 +70,8 @@ def test_ragged_dot_matches_jax(rng, kind, dtypes, preferred):
     lhs = jnp.asarray(rng.standard_normal((rows, k)), dtypes[0])
     rhs = jnp.asarray(rng.standard_normal((groups, k, n)), dtypes[1])
     got = jax.jit(lambda a, b: te_async.ragged_dot(a, b, sizes, preferred_element_type=preferred))(lhs, rhs)
-    want = jax.lax.ragged_dot(lhs, rhs, sizes, preferred_element_type=preferred)
+    # HIGHEST: on a GPU, lax's default precision multiplies float32 in TF32
+    want = jax.lax.ragged_dot(lhs, rhs, sizes, preferred_element_type=preferred, precision=jax.lax.Precision.HIGHEST)
     assert got.shape == want.shape and got.dtype == want.dtype
     tol = 1e-5 if got.dtype == jnp.float32 and jnp.bfloat16 not in dtypes else 8e-3
     ref = dense_reference(lhs.astype(F64), rhs.astype(F64), sizes, "m", False)
