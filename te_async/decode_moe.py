@@ -8,10 +8,14 @@ its (token, choice) slot of a float32 [T*k, H] array; one XLA reduction sums the
 come from route()'s kernel (te_async/routing.py), so a decode MoE layer is the router GEMM, the
 routing kernel, fc1, fc2 and the sum. Deterministic, no atomics.
 
-It applies in device mode where both GEMMs' plans choose small_groups (decode sizes; at most
-512 rows, the kernel's row table), on the GPU,
-for swiglu (the activation of every model in te_async.models); elsewhere callers run the unfused
-path, which is also its reference. The sum is taken from fc2's float32 accumulators: the unfused
+It can run (can_fuse) in device mode where both GEMMs' plans choose small_groups (decode sizes; at
+most 512 rows, the kernel's row table), on the GPU, for swiglu (the activation of every model in
+te_async.models); elsewhere callers run the unfused path, which is also its reference. The default
+(fuses) takes it for one token per step only, where it measured faster: on an H200, DeepSeek-V2-Lite
+decode per token (docs/benchmarks.md, table G1) 3.99 ms fused against 4.38 ms unfused at B=1, but
+9.71 against 9.55 ms at B=8. Fused fc1 and fc2 are each a little slower than unfused (fc2
+recomputes swiglu for every 64-column tile it loads; 7.5 us more per layer at B=8); at B=1 the four
+kernels fewer win, since that step is bound by launches (39 % against 47 % GPU idle). The sum is taken from fc2's float32 accumulators: the unfused
 path rounds fc2's rows to the input dtype first, so the two differ by that rounding. Gradients, if
 asked for, are the unfused path's (a jax.custom_vjp that recomputes it): decode needs none.
 """
@@ -27,7 +31,15 @@ EXPERT_GEMM = "te_async_expert_gemm"
 DTYPES = ("bfloat16", "float16", "float32")
 
 
-def applies(tokens: int, top_k: int, w_fc1: jax.Array, w_fc2: jax.Array, *, mode: str, activation: str) -> bool:
+FUSE_MAX_TOKENS = 1  # the default fuses up to this many tokens per step (see above)
+
+
+def fuses(tokens: int, top_k: int, w_fc1: jax.Array, w_fc2: jax.Array, *, mode: str, activation: str) -> bool:
+    """Whether the MoE blocks (te_async.moe, te_async.models) take the fused path by default."""
+    return tokens <= FUSE_MAX_TOKENS and can_fuse(tokens, top_k, w_fc1, w_fc2, mode=mode, activation=activation)
+
+
+def can_fuse(tokens: int, top_k: int, w_fc1: jax.Array, w_fc2: jax.Array, *, mode: str, activation: str) -> bool:
     """Whether fused_experts runs these sizes: both GEMMs' device-mode plans choose small_groups."""
     if mode != "device" or activation != "swiglu" or not plan.on_gpu() or jnp.dtype(w_fc1.dtype).name not in DTYPES:
         return False
@@ -75,7 +87,7 @@ _fused.defvjp(_fused_fwd, _fused_bwd)
 def fused_experts(x: jax.Array, routing: Routing, dispatch: Dispatch, w_fc1: jax.Array, w_fc2: jax.Array) -> jax.Array:
     """x [T, H] (already normalised), the routing and dispatch of route(), w_fc1 [E, H, 2F] (swiglu's
     [gate | linear]), w_fc2 [E, F, H] -> sum_k weight_k * expert_k(x) [T, H], in x's dtype. Call it
-    where applies() holds."""
+    where can_fuse() holds."""
     if not x.dtype == w_fc1.dtype == w_fc2.dtype:
         raise TypeError(f"x, w_fc1 and w_fc2 must share a dtype, got {x.dtype}, {w_fc1.dtype}, {w_fc2.dtype}")
     if x.ndim != 2 or routing.weights.shape[0] != x.shape[0]:

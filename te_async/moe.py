@@ -39,14 +39,14 @@ def moe_block(
     """y = sum_k w_k * expert_k(norm(x)) for x [T, H]; router [H, E]; expert weights as grouped_mlp.
 
     early_copy=False leaves the async copy to grouped_mlp itself (issued after the permutation),
-    which the benchmarks use to show what issuing it early buys. In device mode at decode sizes the
-    routed experts run fused with the permutation (te_async.decode_moe); fuse=False keeps the
-    unfused path, for comparison.
+    which the benchmarks use to show what issuing it early buys. In device mode with one token per
+    step the routed experts run fused with the permutation (te_async.decode_moe.fuses); fuse=False
+    keeps the unfused path, for comparison.
     """
     routing, dispatch = route(jnp.dot(x, router, preferred_element_type=jnp.float32), top_k, renormalize=True)
     mode = resolve_mlp_mode(group_sizes_mode, use_async_d2h_group_sizes, None, groups=router.shape[1],
                             rows=x.shape[0] * top_k, w_fc1=w_fc1, w_fc2=w_fc2)
-    if fuse and decode_moe.applies(x.shape[0], top_k, w_fc1, w_fc2, mode=mode, activation=activation):
+    if fuse and decode_moe.fuses(x.shape[0], top_k, w_fc1, w_fc2, mode=mode, activation=activation):
         xn = normalize(x, norm_scale, None, norm, 1e-6)  # grouped_mlp's default eps, as below
         return decode_moe.fused_experts(xn, routing, dispatch, w_fc1, w_fc2)
     handle = None

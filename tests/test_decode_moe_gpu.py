@@ -64,7 +64,7 @@ CASES = [  # tokens, experts, hidden, ffn, top_k
 def test_fused_matches_float64_and_unfused(rng, dtype, case, routing_kind):
     tokens, experts, hidden, ffn, top_k = case
     x, w_fc1, w_fc2, logits = make(rng, tokens, experts, hidden, ffn, dtype, top_k, routing_kind)
-    assert decode_moe.applies(tokens, top_k, w_fc1, w_fc2, mode="device", activation="swiglu")
+    assert decode_moe.can_fuse(tokens, top_k, w_fc1, w_fc2, mode="device", activation="swiglu")
     routing, dispatch = route(logits, top_k, renormalize=False)
     fused = jax.jit(decode_moe.fused_experts)
     y = fused(x, routing, dispatch, w_fc1, w_fc2)
@@ -109,16 +109,18 @@ def test_fused_rejects_mismatched_operands(rng):
         decode_moe.fused_experts(x[:1], routing, dispatch, w_fc1, w_fc2)
 
 
-def test_applies_only_in_device_mode_at_decode_sizes(rng):
+def test_can_fuse_only_in_device_mode_at_decode_sizes(rng):
     _, w_fc1, w_fc2, _ = make(rng, 1, 64, 256, 176, jnp.bfloat16, 6, "random")
-    assert decode_moe.applies(8, 6, w_fc1, w_fc2, mode="device", activation="swiglu")
-    assert not decode_moe.applies(8, 6, w_fc1, w_fc2, mode="async", activation="swiglu")
-    assert not decode_moe.applies(8, 6, w_fc1, w_fc2, mode="device", activation="gelu")
-    assert not decode_moe.applies(4096, 6, w_fc1, w_fc2, mode="device", activation="swiglu")
+    assert decode_moe.can_fuse(8, 6, w_fc1, w_fc2, mode="device", activation="swiglu")
+    assert not decode_moe.can_fuse(8, 6, w_fc1, w_fc2, mode="async", activation="swiglu")
+    assert not decode_moe.can_fuse(8, 6, w_fc1, w_fc2, mode="device", activation="gelu")
+    assert not decode_moe.can_fuse(4096, 6, w_fc1, w_fc2, mode="device", activation="swiglu")
+    assert decode_moe.fuses(1, 6, w_fc1, w_fc2, mode="device", activation="swiglu")  # the default: one token
+    assert not decode_moe.fuses(8, 6, w_fc1, w_fc2, mode="device", activation="swiglu")
 
 
-@pytest.mark.parametrize("tokens", [1, 8])
-def test_moe_block_fused_matches_unfused(rng, tokens):
+def test_moe_block_fused_matches_unfused(rng):
+    tokens = 1
     experts, hidden, ffn, top_k = 64, 128, 96, 6
     x, w_fc1, w_fc2, _ = make(rng, tokens, experts, hidden, ffn, jnp.bfloat16, top_k, "random")
     router = jnp.asarray(rng.standard_normal((hidden, experts)) / np.sqrt(hidden), jnp.bfloat16)

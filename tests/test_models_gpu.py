@@ -109,13 +109,14 @@ def test_async_copy_then_shared_experts_then_grouped_gemms(model_type, layers):
 
 @pytest.mark.parametrize("model_type", ["mixtral", "deepseek_v2"])
 @pytest.mark.parametrize("mode", ["device", "async"])
-def test_decode_matches_forward_on_gpu(model_type, mode):
+@pytest.mark.parametrize("batch", [1, 2])  # device mode decodes one sequence with the fused experts
+def test_decode_matches_forward_on_gpu(model_type, mode, batch):
     config = tiny(model_type)
     params = random_params(config)
-    tokens = np.random.default_rng(7).integers(0, config.vocab_size, (2, TOTAL)).astype(np.int32)
+    tokens = np.random.default_rng(7).integers(0, config.vocab_size, (batch, TOTAL)).astype(np.int32)
     with jax.default_matmul_precision("float32"):
         full = np.asarray(models.forward(params, config, tokens, group_sizes_mode=mode))
-        cache = models.init_cache(config, 2, TOTAL + 1, jnp.float32)
+        cache = models.init_cache(config, batch, TOTAL + 1, jnp.float32)
         logits, cache = models.prefill(params, config, cache, tokens[:, :PROMPT], group_sizes_mode=mode)
         assert rel_error(logits, full[:, PROMPT - 1]) < 1e-5
         for i in range(PROMPT, TOTAL):

@@ -1,9 +1,9 @@
 """The MoE block of a decoder layer: route, sort the tokens by expert, run the routed experts
 (te_async.grouped_mlp, or jax.lax.ragged_dot for comparison), combine, add the shared experts.
 
-experts="te_async" in device mode at decode sizes runs the routed experts fused with the
-permutation and the combine (te_async.decode_moe); "te_async_unfused" keeps the unfused path there,
-for comparison. Routing is te_async.routing.route (one CUDA kernel at decode sizes) in every case.
+experts="te_async" in device mode with one token per step runs the routed experts fused with the
+permutation and the combine (te_async.decode_moe.fuses); "te_async_unfused" never fuses, for
+comparison. Routing is te_async.routing.route (one CUDA kernel at decode sizes) in every case.
 
 Async mode issues te_async.copy_group_sizes right after routing, then the work that does not need
 the sizes (the shared experts and the token permutation), then the grouped GEMMs, whose launch
@@ -73,8 +73,8 @@ def moe_block(p: dict, cfg, x: jax.Array, *, group_sizes_mode: Optional[str], ex
                 gate = jnp.dot(x, p["shared_gate"], preferred_element_type=jnp.float32)
                 shared = (jax.nn.sigmoid(gate) * shared.astype(jnp.float32)).astype(x.dtype)
     with jax.named_scope("routed_experts"):
-        if experts == "te_async" and decode_moe.applies(x.shape[0], cfg.num_experts_per_tok, p["w_fc1"], p["w_fc2"],
-                                                        mode=mode, activation="swiglu"):
+        if experts == "te_async" and decode_moe.fuses(x.shape[0], cfg.num_experts_per_tok, p["w_fc1"], p["w_fc2"],
+                                                      mode=mode, activation="swiglu"):
             y = decode_moe.fused_experts(x, routing, dispatch, p["w_fc1"], p["w_fc2"])
             return _finish(y, shared, shape, routing, return_routing)
         rows = x[dispatch.token_of_row]
