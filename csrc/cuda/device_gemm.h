@@ -78,6 +78,11 @@ struct DeviceInfo {
 };
 xla::ffi::ErrorOr<DeviceInfo> QueryDevice(int device);
 
+// The DeviceGemm of a handler's buffers on a device (no workspace; the caller adds one).
+DeviceGemm DeviceGemmOf(const GroupedGemmShape& s, xla::ffi::AnyBuffer lhs, xla::ffi::AnyBuffer rhs,
+                        xla::ffi::AnyBuffer group_sizes, void* out, const DeviceInfo& info,
+                        unsigned long long* clamped_calls);
+
 // What Python reads from the environment and passes to the planner (te_async/plan.py validates it).
 struct PlanSettings {
   int64_t small_groups_max_rows = kSmallGroupsMaxRows;

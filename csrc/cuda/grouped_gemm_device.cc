@@ -32,6 +32,19 @@ ffi::ErrorOr<DeviceInfo> QueryDevice(int device) {
   return info;
 }
 
+DeviceGemm DeviceGemmOf(const GroupedGemmShape& s, ffi::AnyBuffer lhs, ffi::AnyBuffer rhs, ffi::AnyBuffer group_sizes,
+                        void* out, const DeviceInfo& info, unsigned long long* clamped_calls) {
+  DeviceGemm g;
+  g.s = s;
+  g.lhs = lhs.untyped_data();
+  g.rhs = rhs.untyped_data();
+  g.group_sizes = static_cast<const int32_t*>(group_sizes.untyped_data());
+  g.out = out;
+  g.sm_count = info.sm_count;
+  g.clamped_calls = clamped_calls;
+  return g;
+}
+
 ffi::ErrorOr<DevicePlan> PlanDeviceGemm(const GroupedGemmShape& s, const DeviceInfo& info,
                                         const PlanSettings& settings) {
   DevicePlan plan;
@@ -136,16 +149,9 @@ ffi::Error GroupedGemmDevice(cudaStream_t stream, int32_t device, ffi::AnyBuffer
   if (PoisonOutputs()) TE_ASYNC_CUDA(cudaMemsetAsync(out->untyped_data(), 0xff, out->size_bytes(), stream));
   if (out->element_count() == 0) return ffi::Error::Success();
 
-  DeviceGemm g;
-  g.s = s;
-  g.lhs = lhs.untyped_data();
-  g.rhs = rhs.untyped_data();
-  g.group_sizes = static_cast<const int32_t*>(group_sizes.untyped_data());
-  g.out = out->untyped_data();
+  DeviceGemm g = DeviceGemmOf(s, lhs, rhs, group_sizes, out->untyped_data(), *info, &(*counters)->clamped_calls);
   g.workspace = workspace->untyped_data();
   g.workspace_bytes = workspace->size_bytes();
-  g.sm_count = info->sm_count;
-  g.clamped_calls = &(*counters)->clamped_calls;
   return Launch(*kernel, cutlass_config, g, stream);
 }
 
