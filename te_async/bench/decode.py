@@ -9,8 +9,8 @@ Modes:
   sync, async   moe_block with that group_sizes_mode; async issues the copy before the permutation.
   async_late    async with early_copy=False: the copy issued by grouped_mlp, after the permutation,
                 which shows what issuing it early buys.
-  device        moe_block in device mode, when te_async has it: at decode sizes the routing kernel
-                and the fused experts (te_async.decode_moe).
+  device        moe_block in device mode, when te_async has it: the routing kernel at decode sizes,
+                and at T=1 the fused experts (te_async.decode_moe.fuses).
   device_unfused  device mode without that fusion (the routing kernel still runs).
   ragged_dot    the same step with jax.lax.ragged_dot for fc1 and fc2: what plain JAX offers.
   nohost        the same step with each sorted row's expert weights gathered and applied by an

@@ -5,7 +5,8 @@ Mixtral-8x7B (random weights: te_async.models.preset + init_params; --hf PATH lo
 checkpoint instead) decodes B sequences, one token each per step, against a KV cache of
 --context tokens, once per mode:
   sync, async, device   the routed experts through te_async.grouped_mlp in that group-sizes mode
-                        (device at decode sizes: fused with the permutation, te_async.decode_moe);
+                        (device with one token per step: fused with the permutation,
+                        te_async.decode_moe.fuses);
   device_unfused        device mode without that fusion;
   ragged_dot            the same model with jax.lax.ragged_dot for the experts (plain JAX).
 Everything else in the step (attention, shared experts, routers, LM head) is the same code.
@@ -78,7 +79,7 @@ from ..models.cost import tree_bytes
 from . import decode, presets, timing, trace
 
 MODES = {m: dict(group_sizes_mode=m, experts="te_async") for m in ("sync", "async", "device") if m in GROUP_SIZES_MODES}
-if "device" in MODES:  # the unfused device path, beside the fused one (te_async.decode_moe) it replaces at decode sizes
+if "device" in MODES:  # the unfused device path, beside the fused one (te_async.decode_moe) it replaces at B=1
     MODES["device_unfused"] = dict(group_sizes_mode="device", experts="te_async_unfused")
 MODES["ragged_dot"] = dict(group_sizes_mode=None, experts="ragged_dot")
 XLA_FLAGS = (timing.CMDBUF_FLAG,)  # the CLI adds them before the backend starts
