@@ -48,7 +48,6 @@ ffi::Error ExpertGemm(cudaStream_t stream, int32_t device, ffi::AnyBuffer lhs, f
   if (choice_of_row.element_count() != s.rows || choice_weights.element_count() != s.rows) {
     return bad("choice_of_row and choice_weights must have M entries");
   }
-  if (s.rows >= (int64_t{1} << 31)) return bad("fewer than 2^31 rows");
   auto info = QueryDevice(device);
   if (info.has_error()) return info.error();
   auto counters = CountersOnDevice(device);

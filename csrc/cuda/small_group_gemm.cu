@@ -245,21 +245,14 @@ __device__ __forceinline__ void LoadRowTable(const Args& a, RowTable& t) {
   }
 }
 
+// Where sorted row `row` is read from (map = RowTable::src) or written to (RowTable::dst): the row
+// itself unless fused.
 template <Fuse F>
-__device__ __forceinline__ int SourceRow(const RowTable& t, int row) {
+__device__ __forceinline__ int MappedRow(const short* map, int row) {
   if constexpr (F == Fuse::kNone) {
     return row;
   } else {
-    return t.src[row];
-  }
-}
-
-template <Fuse F>
-__device__ __forceinline__ int DestRow(const RowTable& t, int row) {
-  if constexpr (F == Fuse::kNone) {
-    return row;
-  } else {
-    return t.dst[row];
+    return map[row];
   }
 }
 
@@ -345,7 +338,7 @@ __device__ __forceinline__ float LoadActivation(const T* row, int K, int k) {
   }
 }
 
-// Stages the activations of rows row0..row0+RR-1 (read from SourceRow), k-rows [k0, k0 + kStageK),
+// Stages the activations of rows row0..row0+RR-1 (read from their MappedRow), k-rows [k0, k0 + kStageK),
 // as f32 [k - k0][8]; rows past RR, rows without a source and k-rows past K are 0 (so that they
 // contribute exactly 0).
 template <typename T, Fuse F, int RR>
@@ -364,7 +357,7 @@ __device__ __forceinline__ void StageActivations(const T* __restrict__ lhs, int 
       const int kl = kl0 + p * kThreads;
 #pragma unroll
       for (int r = 0; r < kChunkRows; ++r) {
-        const int src = r < RR ? SourceRow<F>(table, row0 + r) : -1;
+        const int src = r < RR ? MappedRow<F>(table.src, row0 + r) : -1;
         v[p][r] = (src >= 0 && kl < kmax)
                       ? LoadActivation<T, F>(lhs + static_cast<long long>(src) * ld + k0, K, kl)
                       : 0.f;
@@ -504,7 +497,7 @@ __device__ __forceinline__ void KnItem(const Args& a, const Chunk& ch, int n0, i
     float s = 0.f;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) s += sh.buf[(w * NV + flat) * 8 + ocx];
-    const int dst = DestRow<F>(sh.rows, ch.row0 + r);
+    const int dst = MappedRow<F>(sh.rows.dst, ch.row0 + r);
     if (n0 + c >= N || dst < 0) continue;
     const long long at = static_cast<long long>(dst) * N + n0 + c;
     if constexpr (kSplit) {  // never fused: dst is the row itself
@@ -536,7 +529,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) SmallGroupsKnKernel(Ar
     const int n0 = tile * kTile;
     if (ch.group == a.groups) {  // rows past the clamped total: zeros (every slice's partial)
       for (int o = threadIdx.x; o < ch.rows * kTile; o += kThreads) {
-        const int r = o / kTile, c = o % kTile, dst = DestRow<F>(sh.rows, ch.row0 + r);
+        const int r = o / kTile, c = o % kTile, dst = MappedRow<F>(sh.rows.dst, ch.row0 + r);
         if (n0 + c >= a.n || dst < 0) continue;
         const long long at = static_cast<long long>(dst) * a.n + n0 + c;
         if (kSplit) {
@@ -753,6 +746,18 @@ SmallGroupsSplitK PlanSmallGroupsSplitK(const GroupedGemmShape& s, int sm_count)
 
 namespace {
 
+// The [G,K,N] kernel for a call: split K (never fused), plain, or fused (LaunchSmallGroups allows
+// the swiglu prologue with f32 output only, so it is not instantiated for other outputs).
+template <typename T, typename TO, bool kVec>
+void (*KnKernel(bool splits, const SmallGroupsFusion& fusion))(Args) {
+  if (fusion.swiglu) {
+    if constexpr (std::is_same_v<TO, float>) return SmallGroupsKnKernel<T, TO, kVec, false, Fuse::kRowsSwiglu>;
+    return nullptr;
+  }
+  if (fusion.on()) return SmallGroupsKnKernel<T, TO, kVec, false, Fuse::kRows>;
+  return splits ? SmallGroupsKnKernel<T, TO, kVec, true, Fuse::kNone> : SmallGroupsKnKernel<T, TO, kVec, false, Fuse::kNone>;
+}
+
 template <typename T, typename TO>
 ffi::Error Launch(const DeviceGemm& g, const SmallGroupsFusion& fusion, cudaStream_t stream) {
   const GroupedGemmShape& s = g.s;
@@ -772,8 +777,7 @@ ffi::Error Launch(const DeviceGemm& g, const SmallGroupsFusion& fusion, cudaStre
   a.choice_weights = fusion.choice_weights;
   a.gather_div = fusion.gather_div;
   a.scatter = fusion.scatter;
-  const bool fused = fusion.choice_of_row != nullptr || fusion.swiglu;
-  const SmallGroupsSplitK split = fused ? SmallGroupsSplitK{} : PlanSmallGroupsSplitK(s, g.sm_count);
+  const SmallGroupsSplitK split = fusion.on() ? SmallGroupsSplitK{} : PlanSmallGroupsSplitK(s, g.sm_count);
   a.slices = split.slices;
   a.slice_k = split.slices > 1 ? split.slice_k : a.k;
   a.partial = static_cast<float*>(g.workspace);
@@ -791,27 +795,7 @@ ffi::Error Launch(const DeviceGemm& g, const SmallGroupsFusion& fusion, cudaStre
     if (grid > max_blocks) grid = max_blocks;
     if (grid < 1) grid = 1;
     const bool vec = s.n % V == 0 && Aligned16(g.rhs), splits = split.slices > 1;
-    constexpr Fuse kNo = Fuse::kNone;
-    auto kernel = vec ? (splits ? SmallGroupsKnKernel<T, TO, true, true, kNo> : SmallGroupsKnKernel<T, TO, true, false, kNo>)
-                      : (splits ? SmallGroupsKnKernel<T, TO, false, true, kNo> : SmallGroupsKnKernel<T, TO, false, false, kNo>);
-    if (fused && fusion.choice_of_row == nullptr) {
-      return ffi::Error::InvalidArgument("te_async: small_group_gemm: fusion needs choice_of_row");
-    }
-    if (fused && s.rows > kFusedMaxRows) {
-      return ffi::Error::InvalidArgument("te_async: small_group_gemm: fusion runs at most " +
-                                         std::to_string(kFusedMaxRows) + " rows, got " + std::to_string(s.rows));
-    }
-    if (fused && !fusion.swiglu) {
-      kernel = vec ? SmallGroupsKnKernel<T, TO, true, false, Fuse::kRows> : SmallGroupsKnKernel<T, TO, false, false, Fuse::kRows>;
-    }
-    if constexpr (std::is_same_v<TO, float>) {  // the fused fc2 writes f32 rows (expert_gemm.cc)
-      if (fusion.swiglu) {
-        kernel = vec ? SmallGroupsKnKernel<T, TO, true, false, Fuse::kRowsSwiglu>
-                     : SmallGroupsKnKernel<T, TO, false, false, Fuse::kRowsSwiglu>;
-      }
-    } else if (fusion.swiglu) {
-      return ffi::Error::InvalidArgument("te_async: small_group_gemm: the swiglu prologue writes float32 only");
-    }
+    const auto kernel = vec ? KnKernel<T, TO, true>(splits, fusion) : KnKernel<T, TO, false>(splits, fusion);
     kernel<<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(a);
     TE_ASYNC_RETURN_IF_ERROR(
         CudaStatus(cudaGetLastError(), "launch of small_group_gemm kernel SmallGroupsKnKernel ([G,K,N] rhs)"));
@@ -845,11 +829,20 @@ ffi::Error LaunchSmallGroups(const DeviceGemm& g, cudaStream_t stream, const Sma
     return ffi::Error::InvalidArgument("te_async: small_group_gemm: dimensions out of range");
   }
   if (s.rows == 0 || s.n == 0) return ffi::Error::Success();  // empty output
-  if ((fusion.choice_of_row != nullptr || fusion.swiglu) && (s.transpose_rhs || s.ragged_k)) {
-    return ffi::Error::InvalidArgument("te_async: small_group_gemm: fusion needs ragged m with rhs [G,K,N]");
-  }
   using ffi::DataType;
   const DataType in = s.in_type, out = s.out_type;
+  if (fusion.on()) {  // every fusion check, before any kernel is chosen
+    if (fusion.choice_of_row == nullptr || s.transpose_rhs || s.ragged_k) {
+      return ffi::Error::InvalidArgument("te_async: small_group_gemm: fusion needs choice_of_row and ragged m with rhs [G,K,N]");
+    }
+    if (s.rows > kFusedMaxRows) {
+      return ffi::Error::InvalidArgument("te_async: small_group_gemm: fusion runs at most " +
+                                         std::to_string(kFusedMaxRows) + " rows, got " + std::to_string(s.rows));
+    }
+    if (fusion.swiglu && out != DataType::F32) {
+      return ffi::Error::InvalidArgument("te_async: small_group_gemm: the swiglu prologue writes float32 only");
+    }
+  }
   if (in == DataType::BF16 && out == DataType::BF16) return Launch<__nv_bfloat16, __nv_bfloat16>(g, fusion, stream);
   if (in == DataType::BF16 && out == DataType::F32) return Launch<__nv_bfloat16, float>(g, fusion, stream);
   if (in == DataType::F16 && out == DataType::F16) return Launch<__half, __half>(g, fusion, stream);
