@@ -36,6 +36,7 @@ from .sharding import check_unsharded
 logger = logging.getLogger("te_async")
 
 NORMS = ("rmsnorm", "layernorm", None)
+EPS = 1e-6  # grouped_mlp's default norm epsilon, which te_async.moe.moe_block uses
 _gelu_tanh = functools.partial(jax.nn.gelu, approximate=True)
 GATED_ACTIVATIONS = {"swiglu": jax.nn.silu, "geglu": _gelu_tanh}
 PLAIN_ACTIVATIONS = {"silu": jax.nn.silu, "gelu": _gelu_tanh, "relu": jax.nn.relu}
@@ -164,7 +165,7 @@ def grouped_mlp(
     norm_scale: Optional[jax.Array] = None,
     norm_bias: Optional[jax.Array] = None,
     norm: Optional[str] = "rmsnorm",
-    eps: float = 1e-6,
+    eps: float = EPS,
     activation: str = "swiglu",
     group_sizes_mode: Optional[str] = None,
     use_async_d2h_group_sizes: bool = False,

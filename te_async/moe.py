@@ -12,7 +12,7 @@ import jax.numpy as jnp
 
 from . import decode_moe
 from .group_sizes import copy_group_sizes
-from .mlp import grouped_mlp, normalize, resolve_mlp_mode
+from .mlp import EPS, grouped_mlp, normalize, resolve_mlp_mode
 from .routing import Dispatch, Routing, combine, plan_dispatch, route, route_reference  # noqa: F401 (re-exported)
 
 
@@ -47,7 +47,7 @@ def moe_block(
     mode = resolve_mlp_mode(group_sizes_mode, use_async_d2h_group_sizes, None, groups=router.shape[1],
                             rows=x.shape[0] * top_k, w_fc1=w_fc1, w_fc2=w_fc2)
     if fuse and decode_moe.fuses(x.shape[0], top_k, w_fc1, w_fc2, mode=mode, activation=activation):
-        xn = normalize(x, norm_scale, None, norm, 1e-6)  # grouped_mlp's default eps, as below
+        xn = normalize(x, norm_scale, None, norm, EPS)
         return decode_moe.fused_experts(xn, routing, dispatch, w_fc1, w_fc2)
     handle = None
     if mode == "async" and early_copy:

@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import GROUP_SIZES_MODES
-from ..mlp import activate, normalize
+from ..mlp import EPS, activate, normalize
 from ..moe import combine, moe_block, plan_dispatch, route_top_k
 from . import presets, timing, trace
 
@@ -55,7 +55,7 @@ RESULT_KEYS = (
 )
 PROFILE_KEYS, CMDBUF_FLAG = timing.PROFILE_KEYS, timing.CMDBUF_FLAG
 ANNOTATION = "decode_step"
-NORM, ACTIVATION, EPS = "rmsnorm", "swiglu", 1e-6  # EPS is grouped_mlp's default, which moe_block uses
+NORM, ACTIVATION = "rmsnorm", "swiglu"
 N_INPUTS = 4  # rotated hidden states, so that routing (and so the group sizes) differs call to call
 INNER = 5  # steps per timing sample, so that one sample spans a millisecond or more
 PROFILED_STEPS = 3
