@@ -81,8 +81,6 @@ from . import decode, presets, timing, trace
 MODES = {m: dict(group_sizes_mode=m, experts="te_async") for m in ("sync", "async", "device") if m in GROUP_SIZES_MODES}
 if "device" in MODES:  # the unfused device path, beside the fused one (te_async.decode_moe) it replaces at B=1
     MODES["device_unfused"] = dict(group_sizes_mode="device", experts="te_async_unfused")
-    # the same step with its layers in a jax.lax.scan instead of unrolled (decode_step's unroll_layers)
-    MODES["device_scan"] = dict(group_sizes_mode="device", experts="te_async", unroll_layers=False)
 MODES["ragged_dot"] = dict(group_sizes_mode=None, experts="ragged_dot")
 XLA_FLAGS = (timing.CMDBUF_FLAG,)  # the CLI adds them before the backend starts
 ANNOTATION = "generate_step"

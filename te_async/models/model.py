@@ -57,12 +57,7 @@ def _layer(p, cfg: Config, x, cos, sin, cache, position, window, group_sizes_mod
     return x + swiglu_mlp(p["mlp"], h), cache, None
 
 
-def _layer_slice(a: jax.Array, i: int) -> jax.Array:
-    """Layer i of a run's stacked array: a bitcast for a run of one layer, else a static slice."""
-    return a.reshape(a.shape[1:]) if a.shape[0] == 1 else a[i]
-
-
-def _decoder(params, cfg: Config, tokens, cache, position, group_sizes_mode, experts, unroll=False) -> tuple:
+def _decoder(params, cfg: Config, tokens, cache, position, group_sizes_mode, experts) -> tuple:
     """(final-normed hidden states [B, S, H], the updated cache (None without one), the experts
     the tokens chose in each MoE layer: int32 [moe_layers, B*S, k])."""
     check_experts(experts, group_sizes_mode)
@@ -84,12 +79,10 @@ def _decoder(params, cfg: Config, tokens, cache, position, group_sizes_mode, exp
 
         carry = (x, None if cache is None else cache[r])
         with jax.named_scope(scope_name(start, n)):
-            if n == 1 or unroll:  # inline, each layer's params and cache a static slice of the run's
-                chosen = []
-                for i in range(n):
-                    carry, c = body(carry, (jax.tree_util.tree_map(lambda a: _layer_slice(a, i), params["layers"][r]), i))
-                    chosen.append(c)
-                (x, stack), chosen = carry, None if chosen[0] is None else jnp.stack(chosen)
+            if n == 1:  # a run of one layer: inline, its params without the layer axis (a bitcast)
+                layer = jax.tree_util.tree_map(lambda a: a.reshape(a.shape[1:]), params["layers"][r])
+                (x, stack), chosen = body(carry, (layer, 0))
+                chosen = None if chosen is None else chosen[None]
             else:
                 (x, stack), chosen = jax.lax.scan(body, carry, (params["layers"][r], jnp.arange(n, dtype=jnp.int32)))
         new_cache.append(stack)
@@ -118,11 +111,11 @@ def _prefill(params, config, cache, tokens, group_sizes_mode, experts):
     return _logits(params, x[:, -1]), cache
 
 
-@functools.partial(jax.jit, static_argnames=_STATIC + ("return_routing", "unroll_layers"), donate_argnames=("cache",))
-def _decode_step(params, config, cache, tokens, position, group_sizes_mode, experts, return_routing, unroll_layers):
+@functools.partial(jax.jit, static_argnames=_STATIC + ("return_routing",), donate_argnames=("cache",))
+def _decode_step(params, config, cache, tokens, position, group_sizes_mode, experts, return_routing):
     if tokens.ndim != 2 or tokens.shape[0] != cache_batch(cache):
         raise ValueError(f"tokens must be [batch, T] with the cache's batch, got {tuple(tokens.shape)}")
-    x, cache, routing = _decoder(params, config, tokens, cache, position, group_sizes_mode, experts, unroll_layers)
+    x, cache, routing = _decoder(params, config, tokens, cache, position, group_sizes_mode, experts)
     fits = (position >= 0) & (position + tokens.shape[1] <= cache_length(cache))
     logits = jnp.where(fits, _logits(params, x[:, -1]), jnp.nan)
     return (logits, cache, routing) if return_routing else (logits, cache)
@@ -137,7 +130,7 @@ def _position(position) -> jax.Array:
 
 def decode_step(params, config: Config, cache: list, tokens: jax.Array, position, *,
                 group_sizes_mode: Optional[str] = None, experts: str = "te_async",
-                return_routing: bool = False, unroll_layers: bool = True) -> tuple:
+                return_routing: bool = False) -> tuple:
     """(logits [B, V] float32 of the last token, cache) for tokens [B, T] (T = 1 in a decode step)
     at positions position .. position + T - 1, attending to the cache before them. With
     return_routing, (logits, cache, routing): the experts each token chose in each MoE layer, in
@@ -150,14 +143,13 @@ def decode_step(params, config: Config, cache: list, tokens: jax.Array, position
     past the cache gives NaN logits. decode_step.lower(...) takes the same arguments.
     """
     return _decode_step(params, config, cache, tokens, _position(position), group_sizes_mode, experts,
-                        return_routing, unroll_layers)
+                        return_routing)
 
 
 def _lower_decode_step(params, config, cache, tokens, position, *, group_sizes_mode=None, experts="te_async",
-                       return_routing=False, unroll_layers=True):
+                       return_routing=False):
     position = position if isinstance(position, jax.ShapeDtypeStruct) else _position(position)
-    return _decode_step.lower(params, config, cache, tokens, position, group_sizes_mode, experts, return_routing,
-                              unroll_layers)
+    return _decode_step.lower(params, config, cache, tokens, position, group_sizes_mode, experts, return_routing)
 
 
 decode_step.lower = _lower_decode_step
