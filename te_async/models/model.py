@@ -12,7 +12,7 @@ id out of range and a decode position past the cache give NaN logits instead of 
 """
 
 import functools
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -155,6 +155,33 @@ def _lower_decode_step(params, config, cache, tokens, position, *, group_sizes_m
 decode_step.lower = _lower_decode_step
 
 
+class _GreedyState(NamedTuple):
+    """generate's loop state. It lives on the device and every step donates it, so that each of
+    its buffers keeps its address from step to step: XLA then replays the step's CUDA graphs
+    as they are, where new input and output buffers in every step make it update them first
+    (H200, DeepSeek-V2-Lite, 4096 cached tokens, device mode: 3.81 against 4.20 ms per token at
+    batch 1, 8.64 against 9.64 at batch 8; tools/decode_loop_probe.py)."""
+
+    cache: list
+    tokens: jax.Array  # int32 [B, max_new_tokens], generated so far up to `count`
+    count: jax.Array  # int32 scalar, >= 1
+    start: jax.Array  # int32 scalar: the cache position of tokens[:, 0]
+
+
+@functools.partial(jax.jit, static_argnames=_STATIC, donate_argnames=("state",))
+def _greedy_step(params, config, state: _GreedyState, group_sizes_mode, experts) -> _GreedyState:
+    """Feeds the last generated token through decode_step and appends the argmax of its logits."""
+    cache, tokens, count, start = state
+    last = jax.lax.dynamic_slice_in_dim(tokens, count - 1, 1, axis=1)
+    logits, cache = _decode_step(params, config, cache, last, start + count - 1, group_sizes_mode, experts, False)
+    tokens = jax.lax.dynamic_update_slice_in_dim(tokens, _argmax(logits), count, axis=1)
+    return _GreedyState(cache, tokens, count + 1, start)
+
+
+def _argmax(logits: jax.Array) -> jax.Array:
+    return jnp.argmax(logits, axis=-1).astype(jnp.int32)[:, None]
+
+
 def _check_tokens(tokens, config) -> jax.Array:
     """int32 [B, S] tokens; raises ValueError naming the first id outside the vocabulary."""
     if not isinstance(config, Config):
@@ -198,7 +225,8 @@ def generate(params, config: Config, prompt, max_new_tokens: int, *, group_sizes
     """Greedy decoding: tokens [B, S + max_new_tokens], the prompt [B, S] then the argmax tokens.
 
     One jitted prefill fills a cache of max_len tokens (default S + max_new_tokens, in the
-    embedding's dtype), then one decode_step per further token.
+    embedding's dtype), then one jitted step per further token: decode_step on the last token and
+    its argmax, with the tokens kept on the device (_GreedyState says why).
     """
     prompt = _check_tokens(prompt, config)
     if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
@@ -212,8 +240,8 @@ def generate(params, config: Config, prompt, max_new_tokens: int, *, group_sizes
     cache = init_cache(config, batch, max_len, params["embed"].dtype)
     modes = dict(group_sizes_mode=group_sizes_mode, experts=experts)
     logits, cache = prefill(params, config, cache, prompt, **modes)
-    out = [prompt, jnp.argmax(logits, axis=-1).astype(jnp.int32)[:, None]]
-    for i in range(max_new_tokens - 1):
-        logits, cache = decode_step(params, config, cache, out[-1], length + i, **modes)
-        out.append(jnp.argmax(logits, axis=-1).astype(jnp.int32)[:, None])
-    return jnp.concatenate(out, axis=1)
+    tokens = jnp.zeros((batch, max_new_tokens), jnp.int32).at[:, :1].set(_argmax(logits))
+    state = _GreedyState(cache, tokens, jnp.asarray(1, jnp.int32), jnp.asarray(length, jnp.int32))
+    for _ in range(max_new_tokens - 1):
+        state = _greedy_step(params, config, state, group_sizes_mode, experts)
+    return jnp.concatenate([prompt, state.tokens], axis=1)
