@@ -20,8 +20,6 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from .. import _ffi
-from ..gemm import grouped_gemm
 from .attention import attend, causal_mask, linear, read, write
 from .config import yarn_mscale
 from .norm import rms_norm
@@ -70,35 +68,17 @@ def mla_attention(p: dict, cfg, x: jax.Array, cos: jax.Array, sin: jax.Array, ca
     return linear(out.reshape(b, s, heads * vdim), p["wo"], p.get("bo")), cache
 
 
-def per_sequence(lhs: jax.Array, cache_array: jax.Array, *, transpose: bool) -> jax.Array:
-    """float32 [B, S, H, N]: lhs [B, S, H, K] times each sequence's cache, cache_array [B, L, K]
-    (transpose: N = L) or [B, L, N] (K = L), as a grouped GEMM with one group per sequence.
-
-    Why not an einsum: in the scan over layers the cache array is a dynamic slice of the run's
-    stacked cache, and XLA copies that slice before each of its GEMM fusions read it (DeepSeek-V2-Lite
-    at batch 8: 26 us per layer, the cache's size twice over), where a te_async call reads it in
-    place. lhs is computed in the cache's dtype."""
-    b, s, h, k = lhs.shape
-    if b > _ffi.MAX_GROUPS:  # more sequences than a grouped GEMM has groups: XLA's batched GEMM
-        spec = "bshl,bnl->bshn" if transpose else "bshl,bln->bshn"
-        return jnp.einsum(spec, lhs.astype(cache_array.dtype), cache_array, preferred_element_type=jnp.float32)
-    out = grouped_gemm(lhs.astype(cache_array.dtype).reshape(b * s * h, k), cache_array,
-                       jnp.full((b,), s * h, jnp.int32), transpose_rhs=transpose,
-                       preferred_element_type=jnp.float32, group_sizes_mode="device")
-    return out.reshape(b, s, h, -1)
-
-
 def _absorbed(q_nope, q_pe, w_kv, cache, position, window, scale, nope) -> jax.Array:
     """Attention straight over the compressed cache: [B,S,heads,v_head_dim]."""
     f32 = jnp.float32
     dtype = q_nope.dtype
     cache = {"ckv": read(cache["ckv"]), "kpe": read(cache["kpe"])}
     q_latent = jnp.einsum("bshd,rhd->bshr", q_nope, w_kv[..., :nope], preferred_element_type=f32).astype(dtype)
-    scores = (per_sequence(q_latent, cache["ckv"], transpose=True)
-              + per_sequence(q_pe, cache["kpe"], transpose=True)) * scale
+    scores = (jnp.einsum("bshr,blr->bshl", q_latent, cache["ckv"], preferred_element_type=f32)
+              + jnp.einsum("bshd,bld->bshl", q_pe, cache["kpe"], preferred_element_type=f32)) * scale
     q_pos = position + jnp.arange(q_nope.shape[1], dtype=jnp.int32)
     k_pos = jnp.arange(cache["ckv"].shape[1], dtype=jnp.int32)
     scores = jnp.where(causal_mask(q_pos, k_pos, window)[None, :, None, :], scores, -jnp.inf)
-    probs = jax.nn.softmax(scores, axis=-1)
-    out_latent = per_sequence(probs, cache["ckv"], transpose=False).astype(dtype)
+    probs = jax.nn.softmax(scores, axis=-1).astype(cache["ckv"].dtype)
+    out_latent = jnp.einsum("bshl,blr->bshr", probs, cache["ckv"], preferred_element_type=f32).astype(dtype)
     return jnp.einsum("bshr,rhd->bshd", out_latent, w_kv[..., nope:], preferred_element_type=f32).astype(dtype)
