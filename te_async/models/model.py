@@ -159,8 +159,8 @@ class _GreedyState(NamedTuple):
     """generate's loop state. It lives on the device and every step donates it, so that each of
     its buffers keeps its address from step to step: XLA then replays the step's CUDA graphs
     as they are, where new input and output buffers in every step make it update them first
-    (H200, DeepSeek-V2-Lite, 4096 cached tokens, device mode: 3.81 against 4.20 ms per token at
-    batch 1, 8.64 against 9.64 at batch 8; tools/decode_loop_probe.py)."""
+    (H200, DeepSeek-V2-Lite, 4096 cached tokens, device mode, per token: 3.78 against 4.28 ms at
+    batch 1, 8.87 against 9.61 at batch 8; docs/benchmarks.md table G3)."""
 
     cache: list
     tokens: jax.Array  # int32 [B, max_new_tokens], generated so far up to `count`
