@@ -177,6 +177,8 @@ def test_generate_is_greedy_over_forward(model):
     assert out.shape == (2, TOTAL) and (out[:, :PROMPT] == tokens[:, :PROMPT]).all()
     again = np.asarray(models.forward(params, config, out))
     assert (out[:, PROMPT:] == again[:, PROMPT - 1:-1].argmax(-1)).all()
+    one = np.asarray(models.generate(params, config, tokens[:, :PROMPT], 1))  # the prefill's token alone
+    np.testing.assert_array_equal(one, out[:, :PROMPT + 1])
 
 
 def _moe_reference(p, config, x):

@@ -17,7 +17,7 @@ import numpy as np
 
 from te_async import models
 from te_async.bench import generate, timing
-from te_async.models.model import _argmax, _greedy_step, _GreedyState
+from te_async.models.model import greedy_tokens, _greedy_step, _GreedyState
 
 WARMUP = 5
 
@@ -53,11 +53,11 @@ def main():
                 def step(s):
                     cache, token, position = s
                     logits, cache = models.decode_step(params, config, cache, token, position, group_sizes_mode=args.mode)
-                    return cache, _argmax(logits), position + 1
-                state = (cache, _argmax(logits), start)
+                    return cache, greedy_tokens(logits), position + 1
+                state = (cache, greedy_tokens(logits), start)
             else:
                 step = lambda s: _greedy_step(params, config, s, args.mode, "te_async")
-                tokens = jnp.zeros((batch, WARMUP + args.steps + 1), jnp.int32).at[:, :1].set(_argmax(logits))
+                tokens = jnp.zeros((batch, WARMUP + args.steps + 1), jnp.int32).at[:, :1].set(greedy_tokens(logits))
                 state = _GreedyState(cache, tokens, jnp.asarray(1, jnp.int32), jnp.asarray(start, jnp.int32))
             del cache
             t = time_loop(step, state, args.steps)

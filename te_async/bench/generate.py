@@ -76,6 +76,7 @@ import numpy as np
 
 from .. import GROUP_SIZES_MODES, models
 from ..models.cost import tree_bytes
+from ..models.model import greedy_tokens
 from . import decode, presets, timing, trace
 
 MODES = {m: dict(group_sizes_mode=m, experts="te_async") for m in ("sync", "async", "device") if m in GROUP_SIZES_MODES}
@@ -163,10 +164,6 @@ def filled_cache(params, config, batch: int, context: int, prompt_len: int, seed
 # ------------------------------------------------------------------------------------ one mode
 
 
-def _argmax(logits):
-    return jnp.argmax(logits, axis=-1).astype(jnp.int32)[:, None]
-
-
 def run_mode(params, config, mode: str, batch: int, *, context: int, prompt_len: int, check: int,
              tokens: list, positions: list, reference=None, profile_dir=None) -> tuple:
     """One mode at one batch: (row fields, reference, profiled window). `tokens` are the timed and
@@ -175,7 +172,7 @@ def run_mode(params, config, mode: str, batch: int, *, context: int, prompt_len:
     # Every step returns its routing (the timed steps' is counted), so that one compilation serves them all.
     step = functools.partial(models.decode_step, params, config, **MODES[mode], return_routing=True)
     cache, prompt_logits = filled_cache(params, config, batch, context, prompt_len)
-    feed = [_argmax(prompt_logits)] if reference is None else reference["inputs"]
+    feed = [greedy_tokens(prompt_logits)] if reference is None else reference["inputs"]
     logits_seen = []
     t0 = time.perf_counter()
     for i in range(check):
@@ -185,7 +182,7 @@ def run_mode(params, config, mode: str, batch: int, *, context: int, prompt_len:
             first_step_s = time.perf_counter() - t0
         logits_seen.append(logits)
         if reference is None and i + 1 < check:
-            feed.append(_argmax(logits))
+            feed.append(greedy_tokens(logits))
     if reference is None:
         reference = dict(inputs=feed, logits=logits_seen)
     got, want = np.stack([np.asarray(x) for x in logits_seen]), np.stack([np.asarray(x) for x in reference["logits"]])

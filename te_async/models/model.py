@@ -174,11 +174,12 @@ def _greedy_step(params, config, state: _GreedyState, group_sizes_mode, experts)
     cache, tokens, count, start = state
     last = jax.lax.dynamic_slice_in_dim(tokens, count - 1, 1, axis=1)
     logits, cache = _decode_step(params, config, cache, last, start + count - 1, group_sizes_mode, experts, False)
-    tokens = jax.lax.dynamic_update_slice_in_dim(tokens, _argmax(logits), count, axis=1)
+    tokens = jax.lax.dynamic_update_slice_in_dim(tokens, greedy_tokens(logits), count, axis=1)
     return _GreedyState(cache, tokens, count + 1, start)
 
 
-def _argmax(logits: jax.Array) -> jax.Array:
+def greedy_tokens(logits: jax.Array) -> jax.Array:
+    """The argmax token of each row of logits [B, V], as int32 [B, 1]: the next step's input."""
     return jnp.argmax(logits, axis=-1).astype(jnp.int32)[:, None]
 
 
@@ -240,7 +241,7 @@ def generate(params, config: Config, prompt, max_new_tokens: int, *, group_sizes
     cache = init_cache(config, batch, max_len, params["embed"].dtype)
     modes = dict(group_sizes_mode=group_sizes_mode, experts=experts)
     logits, cache = prefill(params, config, cache, prompt, **modes)
-    tokens = jnp.zeros((batch, max_new_tokens), jnp.int32).at[:, :1].set(_argmax(logits))
+    tokens = jnp.zeros((batch, max_new_tokens), jnp.int32).at[:, :1].set(greedy_tokens(logits))
     state = _GreedyState(cache, tokens, jnp.asarray(1, jnp.int32), jnp.asarray(length, jnp.int32))
     for _ in range(max_new_tokens - 1):
         state = _greedy_step(params, config, state, group_sizes_mode, experts)
