@@ -95,7 +95,8 @@ def _device_kind(hardware_id: int) -> tuple:
     return tuple(_ffi.cuda_module().device_info(hardware_id))
 
 
-def _local_gpu_kinds() -> set:
+def local_gpu_kinds() -> set:
+    """{(compute capability, SM count)} of the local GPUs."""
     return {_device_kind(d.local_hardware_id) for d in jax.local_devices(backend="gpu")}
 
 
@@ -105,7 +106,7 @@ def on_gpu() -> bool:
 
 def _plan(shape: GemmShape, settings: Settings) -> DevicePlan:
     plans = {DevicePlan(*_ffi.cuda_module().plan_device_gemm(*shape.static_args(), cc, sms, *settings))
-             for cc, sms in sorted(_local_gpu_kinds())}
+             for cc, sms in sorted(local_gpu_kinds())}
     if len({(p.kernel, p.config) for p in plans}) > 1:
         raise ValueError(f"the local GPUs are of different kinds and would run {shape} with different "
                          f"device-mode kernels ({sorted(p.label for p in plans)}); use one kind of GPU per process")

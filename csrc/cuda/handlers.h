@@ -10,5 +10,6 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(kGroupedGemmCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(kGroupedGemmDeviceCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(kExpertGemmCuda);  // expert_gemm.cc
 XLA_FFI_DECLARE_HANDLER_SYMBOL(kRouteCuda);       // moe_routing.cu
+XLA_FFI_DECLARE_HANDLER_SYMBOL(kDecodeAttentionCuda);  // decode_attention.cu
 
 }  // namespace te_async

@@ -11,6 +11,7 @@
 
 #include "ffi_capsule.h"
 #include "cuda/cutlass_grouped_gemm.h"
+#include "cuda/decode_attention.h"
 #include "cuda/device_counters.h"
 #include "cuda/device_gemm.h"
 #include "cuda/handlers.h"
@@ -28,6 +29,7 @@ NB_MODULE(_te_async_cuda, m) {
     d["te_async_grouped_gemm_device"] = te_async::EncapsulateFfiHandler(te_async::kGroupedGemmDeviceCuda);
     d["te_async_expert_gemm"] = te_async::EncapsulateFfiHandler(te_async::kExpertGemmCuda);
     d["te_async_route"] = te_async::EncapsulateFfiHandler(te_async::kRouteCuda);
+    d["te_async_decode_attention"] = te_async::EncapsulateFfiHandler(te_async::kDecodeAttentionCuda);
     return d;
   });
   m.def("host_size_stats", [](int device) {
@@ -80,6 +82,13 @@ NB_MODULE(_te_async_cuda, m) {
   m.attr("CUTLASS_BUILT") = te_async::CutlassBuilt();
   m.attr("ROUTE_MAX_EXPERTS") = te_async::kRouteMaxExperts;
   m.attr("ROUTE_MAX_CHOICES") = te_async::kRouteMaxChoices;
+  m.attr("DECODE_ATTENTION_MAX_ROWS") = te_async::kDecodeAttentionMaxRows;
+  m.attr("DECODE_ATTENTION_MAX_SPLITS") = te_async::kDecodeAttentionMaxSplits;
+  nb::list attention_shapes;  // (score dims, value dims, values are keys) with a kernel
+  for (const auto& s : te_async::kDecodeAttentionShapes) {
+    attention_shapes.append(nb::make_tuple(s.score_dims, s.value_dims, s.values_are_keys));
+  }
+  m.attr("DECODE_ATTENTION_SHAPES") = attention_shapes;
   m.attr("FUSED_MAX_ROWS") = te_async::kSmallGroupsFusedMaxRows;
   // The configs each form can run, by form ("m", "mt", "k"), for TE_ASYNC_CUTLASS_CONFIG; empty
   // when CUTLASS is not built.

@@ -6,7 +6,7 @@ at `position` (decode); their keys and values are written into the cache there a
 attend to the whole cache, masked to the positions before them. The cache holds k (after q/k norm
 and rope) and v, [B, max_len, kv_heads, head_dim] each; inside the decoder's scan over a run of
 layers each is a LayerOf the run's stacked array, which `write` updates in place (only the new
-entries) and `read` slices.
+entries) and decode_attention reads in place.
 """
 
 from typing import NamedTuple, Optional, Union
@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from .. import dense
+from ..decode_attention import causal_mask, decode_attention
 from .norm import rms_norm
 from .rope import apply_rope
 
@@ -26,14 +27,6 @@ def linear(x: jax.Array, w: jax.Array, b: Optional[jax.Array] = None) -> jax.Arr
     if b is not None:
         y = y + b.astype(jnp.float32)
     return y.astype(x.dtype)
-
-
-def causal_mask(q_pos: jax.Array, k_pos: jax.Array, window: Optional[int]) -> jax.Array:
-    """bool [S, L]: key j is visible to query i (transformers' sliding window: q - k < window)."""
-    mask = k_pos[None, :] <= q_pos[:, None]
-    if window is not None:
-        mask &= k_pos[None, :] > q_pos[:, None] - window
-    return mask
 
 
 def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float) -> jax.Array:
@@ -68,14 +61,12 @@ def write(cache_array, new: jax.Array, position):
     return jax.lax.dynamic_update_slice(cache_array, new.astype(cache_array.dtype), start)
 
 
-def read(cache_array) -> jax.Array:
-    """The [B, max_len, ...] array of a cache entry (a LayerOf's layer of the stack)."""
-    if not isinstance(cache_array, LayerOf):
-        return cache_array
-    stack, index = cache_array
-    if isinstance(index, int):
-        return stack[index] if stack.shape[0] > 1 else stack.reshape(stack.shape[1:])
-    return jax.lax.dynamic_index_in_dim(stack, index, axis=0, keepdims=False)
+def stacked(cache_array) -> tuple:
+    """(stack [layers, B, max_len, ...], layer index) of a cache entry, for decode_attention, which
+    reads the layer in place (a plain [B, max_len, ...] array is a stack of one)."""
+    if isinstance(cache_array, LayerOf):
+        return cache_array.stack, cache_array.index
+    return cache_array[None], 0
 
 
 def gqa_attention(p: dict, cfg, x: jax.Array, cos: jax.Array, sin: jax.Array, cache: Optional[dict],
@@ -96,8 +87,6 @@ def gqa_attention(p: dict, cfg, x: jax.Array, cos: jax.Array, sin: jax.Array, ca
             cache = {"k": write(cache["k"], k, 0), "v": write(cache["v"], v, 0)}
     else:
         cache = {"k": write(cache["k"], k, position), "v": write(cache["v"], v, position)}
-        keys, values = read(cache["k"]), read(cache["v"])
-        q_pos = position + jnp.arange(s, dtype=jnp.int32)
-        k_pos = jnp.arange(keys.shape[1], dtype=jnp.int32)
-        out = attend(q, keys, values, causal_mask(q_pos, k_pos, window), scale)
+        (keys, layer), (values, _) = stacked(cache["k"]), stacked(cache["v"])
+        out = decode_attention(q, keys, values, position, scale=scale, layer=layer, window=window)
     return linear(out.reshape(b, s, -1), p["wo"], p.get("bo")), cache

@@ -20,7 +20,8 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from .attention import attend, causal_mask, linear, read, write
+from ..decode_attention import causal_mask, decode_attention
+from .attention import attend, linear, stacked, write
 from .config import yarn_mscale
 from .norm import rms_norm
 from .rope import apply_rope, interleaved_to_half
@@ -69,16 +70,12 @@ def mla_attention(p: dict, cfg, x: jax.Array, cos: jax.Array, sin: jax.Array, ca
 
 
 def _absorbed(q_nope, q_pe, w_kv, cache, position, window, scale, nope) -> jax.Array:
-    """Attention straight over the compressed cache: [B,S,heads,v_head_dim]."""
+    """Attention straight over the compressed cache: [B,S,heads,v_head_dim]. The latent is one key
+    head shared by all heads and also the values (decode_attention reads it once, in place)."""
     f32 = jnp.float32
     dtype = q_nope.dtype
-    cache = {"ckv": read(cache["ckv"]), "kpe": read(cache["kpe"])}
+    (ckv, layer), (kpe, _) = stacked(cache["ckv"]), stacked(cache["kpe"])
     q_latent = jnp.einsum("bshd,rhd->bshr", q_nope, w_kv[..., :nope], preferred_element_type=f32).astype(dtype)
-    scores = (jnp.einsum("bshr,blr->bshl", q_latent, cache["ckv"], preferred_element_type=f32)
-              + jnp.einsum("bshd,bld->bshl", q_pe, cache["kpe"], preferred_element_type=f32)) * scale
-    q_pos = position + jnp.arange(q_nope.shape[1], dtype=jnp.int32)
-    k_pos = jnp.arange(cache["ckv"].shape[1], dtype=jnp.int32)
-    scores = jnp.where(causal_mask(q_pos, k_pos, window)[None, :, None, :], scores, -jnp.inf)
-    probs = jax.nn.softmax(scores, axis=-1).astype(cache["ckv"].dtype)
-    out_latent = jnp.einsum("bshl,blr->bshr", probs, cache["ckv"], preferred_element_type=f32).astype(dtype)
+    out_latent = decode_attention(q_latent, ckv[..., None, :], None, position, scale=scale, layer=layer, q_rope=q_pe,
+                                  key_rope=kpe[..., None, :], window=window)
     return jnp.einsum("bshr,rhd->bshd", out_latent, w_kv[..., nope:], preferred_element_type=f32).astype(dtype)

@@ -1,0 +1,379 @@
+// Decode attention over a stacked KV cache, read where it lies.
+//
+// Inside the decoder's scan over a run of layers the cache is one array [L, B, N, ...]. XLA's
+// attention reads layer l of it through a dynamic slice that it materialises: a copy of the whole
+// layer's cache in every step (4.78 of 20.6 ms of GPU time in DeepSeek-V2-Lite's B=64 step). This
+// kernel takes the stacked array and the layer index (a device scalar) instead, reads only the keys
+// some query can see (up to position + T), and reads each key once, for the scores and the values.
+//
+// Flash decoding. Block (split, b * Hkv + kv_head) takes the query rows that share a kv head (its
+// G = H / Hkv query heads times the T new tokens, at most 16: one MMA tile) against one chunk of
+// keys, in tiles of 32 keys that cp.async brings into shared memory while the previous tile is
+// computed. Scores and P.V run on the tensor cores (mma.sync m16n8k16, bf16 in, f32 accumulate)
+// with an online softmax in f32; the block writes its unnormalised output with its running max and
+// sum, and CombineKernel merges the splits in split order (deterministic). DeepSeek's MLA: the keys
+// are the latent followed by the rope key, and the values are the latent itself, taken from the
+// same shared-memory tile. A query that sees no key (a negative position, a bad layer index) gets
+// NaN, as a softmax over nothing does.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <iterator>
+#include <string>
+
+#include "cuda/cuda_check.h"
+#include "cuda/decode_attention.h"
+#include "cuda/handlers.h"
+#include "debug_flags.h"
+
+namespace te_async {
+namespace {
+
+namespace ffi = xla::ffi;
+using bf16 = __nv_bfloat16;
+
+constexpr int kRows = kDecodeAttentionMaxRows;  // query rows per block: the MMA's M
+constexpr int kKeys = 32;                       // keys per tile: 8 per warp in the scores
+constexpr int kWarps = 4;
+constexpr int kThreads = 32 * kWarps;
+constexpr int kPad = 8;  // bf16 per shared row: rows land 16 B apart mod 128, so fragment loads are conflict-free
+
+struct Args {
+  const bf16 *q, *q_rope, *k, *k_rope, *v;  // q [B,T,H,dk], q_rope [B,T,H,dr]; k, k_rope, v [L,B,N,Hkv,d]
+  const int *layer, *position;              // device scalars
+  int batch, tokens, heads, kv_heads, max_len, layers, dk, dr, window, chunk;
+  float scale_log2;  // the softmax scale times log2(e): scores are kept in log2 units
+  float* partial;    // [splits, B*Hkv, kRows, dv + 2]: unnormalised output, then max and sum
+  bf16* out;         // [B, T, H, dv]
+};
+
+__device__ __forceinline__ unsigned SharedAddress(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes global -> shared without the registers; valid == false writes zeros and reads nothing.
+__device__ __forceinline__ void CopyAsync16(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(SharedAddress(dst)), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+
+__device__ __forceinline__ void CommitCopies() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void WaitCopies() { asm volatile("cp.async.wait_group 0;\n" ::); }
+
+// Four 8x8 bf16 matrices from shared memory; lane l gives the address of row l % 8 of matrix l / 8.
+__device__ __forceinline__ void LoadMatrices(unsigned (&r)[4], const bf16* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(SharedAddress(p)));
+}
+
+__device__ __forceinline__ void LoadMatricesTransposed(unsigned (&r)[4], const bf16* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(SharedAddress(p)));
+}
+
+// c[16x8] += a[16x16] b[16x8], bf16 in, f32 accumulate.
+__device__ __forceinline__ void Mma(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Shared memory of one block, in bytes from the start; DQ = dk + dr score dims, DV value dims.
+template <int DQ, int DV, bool kValuesAreKeys>
+struct Layout {
+  static constexpr int kQStride = DQ + kPad;  // Q rows and key rows (latent then rope key)
+  static constexpr int kVStride = kValuesAreKeys ? kQStride : DV + kPad;
+  static constexpr int kPStride = kKeys + kPad;
+  static constexpr int kKTile = kKeys * kQStride;                      // bf16 per key tile
+  static constexpr int kVTile = kValuesAreKeys ? kKTile : kKeys * kVStride;
+  static constexpr size_t kQ = 0;
+  static constexpr size_t kK = kQ + static_cast<size_t>(kRows) * kQStride * 2;
+  static constexpr size_t kV = kK + 2 * static_cast<size_t>(kKTile) * 2;  // unused when the values are the keys
+  static constexpr size_t kS = kV + (kValuesAreKeys ? 0 : 2 * static_cast<size_t>(kVTile) * 2);
+  static constexpr size_t kP = kS + static_cast<size_t>(kRows) * kKeys * 4;
+  static constexpr size_t kStats = kP + static_cast<size_t>(kRows) * kPStride * 2;  // max, sum, rescale per row
+  static constexpr size_t kBytes = kStats + 3 * kRows * 4;
+  static_assert(DQ % 32 == 0 && DV % (8 * 2 * kWarps) == 0, "score dims in steps of 32, value dims of 64");
+};
+
+template <int DQ, int DV, bool kValuesAreKeys>
+__global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(Args a) {
+  using L = Layout<DQ, DV, kValuesAreKeys>;
+  constexpr int kValueTiles = DV / kWarps / 8;  // n-tiles of 8 value columns per warp
+  extern __shared__ __align__(16) unsigned char smem[];
+  bf16* sq = reinterpret_cast<bf16*>(smem + L::kQ);
+  bf16* sk = reinterpret_cast<bf16*>(smem + L::kK);
+  bf16* sv = kValuesAreKeys ? sk : reinterpret_cast<bf16*>(smem + L::kV);
+  float* ss = reinterpret_cast<float*>(smem + L::kS);
+  bf16* sp = reinterpret_cast<bf16*>(smem + L::kP);
+  float* s_max = reinterpret_cast<float*>(smem + L::kStats);
+  float* s_sum = s_max + kRows;
+  float* s_rescale = s_sum + kRows;
+
+  const int bh = blockIdx.y, b = bh / a.kv_heads, kv_head = bh % a.kv_heads;
+  const int group = a.heads / a.kv_heads, rows = group * a.tokens;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
+  const int layer = *a.layer, position = *a.position;
+  float* partial = a.partial + (static_cast<size_t>(blockIdx.x) * gridDim.y + bh) * kRows * (DV + 2);
+
+  // Keys [first, last) that some row can see, within this split's chunk.
+  int first = blockIdx.x * a.chunk;
+  const int last = min(min(first + a.chunk, a.max_len), position + a.tokens);
+  if (a.window > 0) first = max(first, position - a.window + 1);
+  if (layer < 0 || layer >= a.layers || position < 0 || first >= last) {
+    if (tid < kRows) partial[tid * (DV + 2) + DV] = -INFINITY, partial[tid * (DV + 2) + DV + 1] = 0.f;
+    return;
+  }
+
+  // Row r: token r / group, head kv_head * group + r % group; rows from `rows` on are zeros.
+  for (int c = tid; c < kRows * (DQ / 8); c += kThreads) {
+    const int r = c / (DQ / 8), d = c % (DQ / 8) * 8;
+    const size_t row = (static_cast<size_t>(b) * a.tokens + r / group) * a.heads + kv_head * group + r % group;
+    const bf16* src = r >= rows ? a.q : d < a.dk ? a.q + row * a.dk + d : a.q_rope + row * a.dr + d - a.dk;
+    CopyAsync16(sq + r * L::kQStride + d, src, r < rows);
+  }
+  auto load_tile = [&](int start, int buffer) {
+    for (int c = tid; c < kKeys * (DQ / 8); c += kThreads) {
+      const int key = c / (DQ / 8), d = c % (DQ / 8) * 8, n = start + key;
+      const size_t row = ((static_cast<size_t>(layer) * a.batch + b) * a.max_len + n) * a.kv_heads + kv_head;
+      const bf16* src = n >= last ? a.k : d < a.dk ? a.k + row * a.dk + d : a.k_rope + row * a.dr + d - a.dk;
+      CopyAsync16(sk + buffer * L::kKTile + key * L::kQStride + d, src, n < last);
+    }
+    if constexpr (!kValuesAreKeys) {
+      for (int c = tid; c < kKeys * (DV / 8); c += kThreads) {
+        const int key = c / (DV / 8), d = c % (DV / 8) * 8, n = start + key;
+        const size_t row = ((static_cast<size_t>(layer) * a.batch + b) * a.max_len + n) * a.kv_heads + kv_head;
+        CopyAsync16(sv + buffer * L::kVTile + key * L::kVStride + d, n < last ? a.v + row * DV + d : a.v, n < last);
+      }
+    }
+    CommitCopies();
+  };
+  load_tile(first, 0);
+  if (tid < kRows) s_max[tid] = -INFINITY, s_sum[tid] = 0.f;
+  float o[kValueTiles][4] = {};
+
+  const int tiles = (last - first + kKeys - 1) / kKeys;
+  for (int i = 0; i < tiles; ++i) {
+    WaitCopies();
+    __syncthreads();  // tile i is in shared memory, and every warp is done with tile i - 1's buffer
+    if (i + 1 < tiles) load_tile(first + (i + 1) * kKeys, (i + 1) & 1);
+    const bf16* kt = sk + (i & 1) * L::kKTile;
+    const bf16* vt = sv + (i & 1) * L::kVTile;
+    const int start = first + i * kKeys;
+
+    // Scores: warp w takes keys 8w .. 8w + 7 of the tile, two k-steps of 16 per round.
+    float s[4] = {};
+#pragma unroll 2
+    for (int d0 = 0; d0 < DQ; d0 += 32) {
+      unsigned qa[4], qb[4], kb[4];
+      LoadMatrices(qa, sq + (lane % 16) * L::kQStride + d0 + lane / 16 * 8);
+      LoadMatrices(qb, sq + (lane % 16) * L::kQStride + d0 + 16 + lane / 16 * 8);
+      LoadMatrices(kb, kt + (8 * warp + lane % 8) * L::kQStride + d0 + lane / 8 * 8);
+      Mma(s, qa, kb[0], kb[1]);
+      Mma(s, qb, kb[2], kb[3]);
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {  // s[e]: row g (+8 for e >= 2), key 8w + 2 t4 (+1 for odd e)
+      const int r = g + e / 2 * 8, key = 8 * warp + 2 * t4 + e % 2, n = start + key, seen = position + r / group;
+      const bool visible = r < rows && n < last && n <= seen && (a.window <= 0 || n > seen - a.window);
+      ss[r * kKeys + key] = visible ? s[e] * a.scale_log2 : -INFINITY;
+    }
+    __syncthreads();
+
+    {  // Online softmax: 8 threads per row, 4 keys each. The sum adds the rounded P that P.V uses.
+      const int r = tid / 8, part = tid % 8;
+      float v[4], tile_max = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) v[j] = ss[r * kKeys + part * 4 + j], tile_max = fmaxf(tile_max, v[j]);
+#pragma unroll
+      for (int d = 4; d > 0; d >>= 1) tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, d));
+      const float old_max = s_max[r], new_max = fmaxf(old_max, tile_max);
+      float sum = 0.f;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const bf16 p = __float2bfloat16(new_max == -INFINITY ? 0.f : exp2f(v[j] - new_max));
+        sp[r * L::kPStride + part * 4 + j] = p;
+        sum += __bfloat162float(p);
+      }
+#pragma unroll
+      for (int d = 4; d > 0; d >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, d);
+      if (part == 0) {
+        const float rescale = new_max == -INFINITY ? 1.f : exp2f(old_max - new_max);
+        s_rescale[r] = rescale, s_sum[r] = s_sum[r] * rescale + sum, s_max[r] = new_max;
+      }
+    }
+    __syncthreads();
+
+    // P.V: warp w owns value columns [w DV/4, (w+1) DV/4).
+    const float rescale_lo = s_rescale[g], rescale_hi = s_rescale[g + 8];
+#pragma unroll
+    for (int j = 0; j < kValueTiles; ++j) o[j][0] *= rescale_lo, o[j][1] *= rescale_lo, o[j][2] *= rescale_hi, o[j][3] *= rescale_hi;
+#pragma unroll
+    for (int k0 = 0; k0 < kKeys; k0 += 16) {
+      unsigned pa[4];
+      LoadMatrices(pa, sp + (lane % 16) * L::kPStride + k0 + lane / 16 * 8);
+#pragma unroll
+      for (int j = 0; j < kValueTiles; j += 2) {
+        unsigned vb[4];
+        const int n0 = warp * (DV / kWarps) + j * 8;
+        LoadMatricesTransposed(vb, vt + (k0 + (lane / 8 % 2) * 8 + lane % 8) * L::kVStride + n0 + lane / 16 * 8);
+        Mma(o[j], pa, vb[0], vb[1]);
+        Mma(o[j + 1], pa, vb[2], vb[3]);
+      }
+    }
+  }
+
+#pragma unroll
+  for (int j = 0; j < kValueTiles; ++j) {
+    const int col = warp * (DV / kWarps) + j * 8 + 2 * t4;
+    partial[g * (DV + 2) + col] = o[j][0], partial[g * (DV + 2) + col + 1] = o[j][1];
+    partial[(g + 8) * (DV + 2) + col] = o[j][2], partial[(g + 8) * (DV + 2) + col + 1] = o[j][3];
+  }
+  if (tid < kRows) partial[tid * (DV + 2) + DV] = s_max[tid], partial[tid * (DV + 2) + DV + 1] = s_sum[tid];
+}
+
+template <typename Op>
+__device__ __forceinline__ float BlockReduce(float x, float* scratch, Op op) {
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) x = op(x, __shfl_xor_sync(0xffffffffu, x, d));
+  if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = x;
+  __syncthreads();
+  x = scratch[0];
+  for (int w = 1; w < kWarps; ++w) x = op(x, scratch[w]);
+  __syncthreads();  // scratch is reused by the next reduction
+  return x;
+}
+
+// Block (bh, r) merges row r's splits: out = sum_s 2^(max_s - M) O_s / sum_s 2^(max_s - M) sum_s,
+// a thread per 4 value columns. Splits that saw no key (max -inf) never wrote O and are skipped.
+template <int DV>
+__global__ void __launch_bounds__(kThreads) CombineKernel(Args a, int splits) {
+  __shared__ float weight[kDecodeAttentionMaxSplits];
+  __shared__ float scratch[kWarps];
+  const int bh = blockIdx.x, r = blockIdx.y, b = bh / a.kv_heads, kv_head = bh % a.kv_heads;
+  const int group = a.heads / a.kv_heads;
+  if (r >= group * a.tokens) return;
+  const size_t split_stride = static_cast<size_t>(gridDim.x) * kRows * (DV + 2);
+  const float* row = a.partial + (static_cast<size_t>(bh) * kRows + r) * (DV + 2);
+  float m = -INFINITY;
+  for (int s = threadIdx.x; s < splits; s += kThreads) m = fmaxf(m, row[s * split_stride + DV]);
+  m = BlockReduce(m, scratch, [](float x, float y) { return fmaxf(x, y); });
+  float total = 0.f;
+  for (int s = threadIdx.x; s < splits; s += kThreads) {
+    const float ms = row[s * split_stride + DV];
+    weight[s] = ms == -INFINITY ? 0.f : exp2f(ms - m);
+    total += weight[s] * row[s * split_stride + DV + 1];
+  }
+  total = BlockReduce(total, scratch, [](float x, float y) { return x + y; });  // also publishes `weight`
+  bf16* out = a.out + ((static_cast<size_t>(b) * a.tokens + r / group) * a.heads + kv_head * group + r % group) * DV;
+  for (int col = 4 * threadIdx.x; col < DV; col += 4 * kThreads) {
+    float4 acc = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll 4
+    for (int s = 0; s < splits; ++s) {
+      if (weight[s] == 0.f) continue;
+      // (DV + 2) floats per row: an 8-byte aligned pair of float2 loads, not a float4
+      const float2 lo = *reinterpret_cast<const float2*>(row + s * split_stride + col);
+      const float2 hi = *reinterpret_cast<const float2*>(row + s * split_stride + col + 2);
+      acc.x += weight[s] * lo.x, acc.y += weight[s] * lo.y, acc.z += weight[s] * hi.x, acc.w += weight[s] * hi.y;
+    }
+    // no key seen: 0 / 0
+    out[col] = __float2bfloat16(acc.x / total), out[col + 1] = __float2bfloat16(acc.y / total);
+    out[col + 2] = __float2bfloat16(acc.z / total), out[col + 3] = __float2bfloat16(acc.w / total);
+  }
+}
+
+template <int DQ, int DV, bool kValuesAreKeys>
+ffi::Error Launch(cudaStream_t stream, const Args& a, int splits) {
+  using L = Layout<DQ, DV, kValuesAreKeys>;
+  auto kernel = DecodeAttentionKernel<DQ, DV, kValuesAreKeys>;
+  TE_ASYNC_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(L::kBytes)));
+  kernel<<<dim3(splits, a.batch * a.kv_heads), kThreads, L::kBytes, stream>>>(a);
+  TE_ASYNC_CUDA(cudaGetLastError());
+  CombineKernel<DV><<<dim3(a.batch * a.kv_heads, kRows), kThreads, 0, stream>>>(a, splits);
+  return CudaStatus(cudaGetLastError(), "launch of the decode attention's CombineKernel");
+}
+
+ffi::Error DecodeAttention(cudaStream_t stream, ffi::Buffer<ffi::BF16> q, ffi::Buffer<ffi::BF16> q_rope,
+                           ffi::Buffer<ffi::BF16> k, ffi::Buffer<ffi::BF16> k_rope, ffi::Buffer<ffi::BF16> v,
+                           ffi::Buffer<ffi::S32> layer, ffi::Buffer<ffi::S32> position,
+                           ffi::Result<ffi::Buffer<ffi::BF16>> out, ffi::Result<ffi::Buffer<ffi::F32>> partial,
+                           float scale, int64_t window, bool values_are_keys) {
+  auto bad = [](const std::string& why) { return ffi::Error::InvalidArgument("te_async decode_attention: " + why); };
+  const auto qd = q.dimensions(), rd = q_rope.dimensions(), kd = k.dimensions(), krd = k_rope.dimensions();
+  const auto vd = v.dimensions(), od = out->dimensions(), pd = partial->dimensions();
+  if (qd.size() != 4 || rd.size() != 4 || kd.size() != 5 || krd.size() != 5 || vd.size() != 5 || od.size() != 4 ||
+      pd.size() != 4 || layer.element_count() != 1 || position.element_count() != 1) {
+    return bad("ranks: q, q_rope, out [B,T,H,d]; k, k_rope, v [L,B,N,Hkv,d]; partial [splits, B*Hkv, 16, dv+2]; "
+               "layer and position scalars");
+  }
+  const int64_t batch = qd[0], tokens = qd[1], heads = qd[2], dk = qd[3], dr = rd[3];
+  const int64_t layers = kd[0], max_len = kd[2], kv_heads = kd[3], dv = vd[4], splits = pd[0];
+  const bool same_lead = rd[0] == batch && rd[1] == tokens && rd[2] == heads && od[0] == batch && od[1] == tokens &&
+                         od[2] == heads && od[3] == dv;
+  bool same_cache = kd[1] == batch && kd[4] == dk && krd[4] == dr;
+  for (int i = 0; i < 4; ++i) same_cache = same_cache && krd[i] == kd[i] && vd[i] == kd[i];
+  if (!same_lead || !same_cache || kv_heads < 1 || heads % kv_heads != 0) {
+    return bad("shapes disagree: q [B,T,H,dk], q_rope [B,T,H,dr], k [L,B,N,Hkv,dk], k_rope [L,B,N,Hkv,dr], "
+               "v [L,B,N,Hkv,dv], out [B,T,H,dv], H a multiple of Hkv");
+  }
+  if (heads / kv_heads * tokens > kRows) {
+    return bad("at most " + std::to_string(kRows) + " query rows per kv head (H / Hkv * T), got " +
+               std::to_string(heads / kv_heads * tokens));
+  }
+  if (splits < 1 || splits > kDecodeAttentionMaxSplits || pd[1] != batch * kv_heads || pd[2] != kRows ||
+      pd[3] != dv + 2 || batch * kv_heads > 65535) {
+    return bad("partial must be [splits <= " + std::to_string(kDecodeAttentionMaxSplits) +
+               ", B*Hkv <= 65535, 16, dv + 2]");
+  }
+  if (values_are_keys && (v.untyped_data() != k.untyped_data() || dv != dk)) {
+    return bad("values_are_keys needs v to be k itself");
+  }
+  if (dk % 8 != 0 || dr % 8 != 0) return bad("dk and dr must be multiples of 8 (16-byte rows)");
+  if (max_len > (int64_t{1} << 30) || layers * batch * max_len * kv_heads > (int64_t{1} << 40)) {
+    return bad("the cache is too large");
+  }
+  const auto in = [](const ffi::Buffer<ffi::BF16>& x) { return static_cast<const bf16*>(x.untyped_data()); };
+  Args a{in(q), in(q_rope), in(k), in(k_rope), in(v),
+         layer.typed_data(), position.typed_data(), static_cast<int>(batch), static_cast<int>(tokens),
+         static_cast<int>(heads), static_cast<int>(kv_heads), static_cast<int>(max_len), static_cast<int>(layers),
+         static_cast<int>(dk), static_cast<int>(dr), static_cast<int>(window), 0,
+         scale * 1.4426950408889634f /* log2(e) */, partial->typed_data(), static_cast<bf16*>(out->untyped_data())};
+  a.chunk = static_cast<int>(((max_len + splits - 1) / splits + kKeys - 1) / kKeys * kKeys);
+  if (PoisonOutputs()) TE_ASYNC_CUDA(cudaMemsetAsync(out->untyped_data(), 0xff, out->size_bytes(), stream));
+  if (out->element_count() == 0) return ffi::Error::Success();
+  const auto is = [&](const DecodeAttentionShape& s) {
+    return dk + dr == s.score_dims && dv == s.value_dims && values_are_keys == s.values_are_keys;
+  };
+  static_assert(std::size(kDecodeAttentionShapes) == 2, "one Launch per instantiated shape");
+  constexpr auto mla = kDecodeAttentionShapes[0], gqa = kDecodeAttentionShapes[1];
+  if (is(mla)) return Launch<mla.score_dims, mla.value_dims, mla.values_are_keys>(stream, a, splits);
+  if (is(gqa)) return Launch<gqa.score_dims, gqa.value_dims, gqa.values_are_keys>(stream, a, splits);
+  return bad("no kernel for score dims " + std::to_string(dk + dr) + ", value dims " + std::to_string(dv) +
+             (values_are_keys ? " with the values the keys" : "") + " (te_async._ffi.cuda_module().DECODE_ATTENTION_SHAPES)");
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kDecodeAttentionCuda, DecodeAttention,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::Buffer<ffi::BF16>>()
+                                  .Arg<ffi::Buffer<ffi::BF16>>()
+                                  .Arg<ffi::Buffer<ffi::BF16>>()
+                                  .Arg<ffi::Buffer<ffi::BF16>>()
+                                  .Arg<ffi::Buffer<ffi::BF16>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::Buffer<ffi::BF16>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<float>("scale")
+                                  .Attr<int64_t>("window")
+                                  .Attr<bool>("values_are_keys"),
+                              {ffi::Traits::kCmdBufferCompatible});
+
+}  // namespace te_async

@@ -1,0 +1,19 @@
+// The decode attention kernel's limits and instantiations (decode_attention.cu), which
+// te_async/attention.py reads from the module to decide where the kernel applies.
+#pragma once
+
+namespace te_async {
+
+inline constexpr int kDecodeAttentionMaxRows = 16;     // query heads per kv head x new tokens
+inline constexpr int kDecodeAttentionMaxSplits = 256;  // key chunks of one (sequence, kv head)
+
+struct DecodeAttentionShape {
+  int score_dims;  // per head: the keys' dims plus the rope keys' (MLA)
+  int value_dims;
+  bool values_are_keys;  // MLA: the values are the latent, the keys' first value_dims dims
+};
+
+// MLA with DeepSeek-V2's latent (512) and rope key (64); grouped-query attention with heads of 128.
+inline constexpr DecodeAttentionShape kDecodeAttentionShapes[] = {{576, 512, true}, {128, 128, false}};
+
+}  // namespace te_async
