@@ -8,7 +8,8 @@
 # .whl/ (the machine has no registry access; `pip download --no-deps nvidia-cutlass==4.2.0.0 -d
 # .whl`), unless WITH_CUTLASS=0. Results record the git commit of the current folder; where the
 # copy has no .git, set TE_ASYNC_COMMIT=<commit> for them. The machine returns at most 8 files,
-# so the last step packs the logs and results into $OUT/results.tgz, beside summary.log.
+# so the last step packs the logs and results into $OUT/results.tgz (results_1.tgz, ... for
+# later calls into the same $OUT), beside summary.log.
 set -uo pipefail
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
@@ -112,7 +113,10 @@ for stage in $stages; do
   esac
 done
 # One archive of the logs and results (the machine returns at most 8 files); summary.log stays beside it.
+# A later call in the same command gets results_1.tgz, ... rather than overwriting an earlier archive.
+archive=results.tgz n=1
+while [ -e "$OUT/$archive" ]; do archive=results_$n.tgz n=$((n + 1)); done
 (cd "$OUT" && find . -type f \( -name "*.log" -o -name "*.json" -o -name "*.md" -o -name "*.png" -o -name "*.txt" -o -name "*.csv" \) \
-  ! -name summary.log -print0 | tar --null -czf results.tgz --remove-files -T -)
-echo "packed $(tar -tzf "$OUT/results.tgz" | wc -l) files into $OUT/results.tgz" | tee -a "$OUT/summary.log"
+  ! -name summary.log -print0 | tar --null -czf "$archive" --remove-files -T -)
+echo "packed $(tar -tzf "$OUT/$archive" | wc -l) files into $OUT/$archive" | tee -a "$OUT/summary.log"
 exit $status
