@@ -1,6 +1,8 @@
 """The GEMM benchmarks' layer stacks and contenders, at tiny shapes on whatever backend runs: every
 mode computes what it claims, so that a timing never comes from a wrong or empty computation."""
 
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -8,7 +10,7 @@ import pytest
 
 from te_async.bench import __main__ as cli
 from te_async import dense, models
-from te_async.bench import decode_gemm, dense as dense_bench, prefill, presets
+from te_async.bench import attention as attention_bench, decode_gemm, dense as dense_bench, prefill, presets
 
 from reference import grouped_gemm_reference, random_group_sizes
 
@@ -97,3 +99,36 @@ def test_dense_bench_contenders_agree_and_cover_the_layer(rng):
             fn = dense_bench._scanned(lambda x, w, kernel=kernel: dense.linear(x, w, transpose_w=transpose, kernel=kernel))
             got = fn(jnp.asarray(x, jnp.float32), jnp.asarray(w, jnp.float32))
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=f"{name} {kernel}")
+
+
+@pytest.mark.parametrize("preset", ["tiny", "qwen3-30b-a3b"])
+def test_attention_bench_scans_every_layer_of_the_stack(preset):
+    """bench attention: the scanned call attends over each stacked layer in turn (as float64
+    does), and the floor counts each cached key, rope key and value once."""
+    shape = attention_bench.heads(presets.config(preset))
+    assert (shape["dv"] is None) == (preset == "tiny")  # tiny is DeepSeek-shaped: MLA
+    layers, batch, context = 3, 2, 40
+    q, keys, values, q_rope, key_rope = ops = attention_bench.operands(shape, batch, context, layers, jax.random.key(1))
+    got = np.asarray(attention_bench.scanned("xla", 0.1, context - 1, layers)(*ops), np.float64)
+    f64 = lambda x: None if x is None else np.asarray(x, np.float64)
+    for layer in range(layers):
+        k = f64(keys)[layer]
+        v = k if values is None else f64(values)[layer]
+        group = shape["heads"] // shape["kv_heads"]
+        for h in range(shape["heads"]):
+            s = np.einsum("bd,bnd->bn", f64(q)[:, 0, h], k[:, :, h // group])
+            if q_rope is not None:
+                s += np.einsum("bd,bnd->bn", f64(q_rope)[:, 0, h], f64(key_rope)[layer][:, :, h // group])
+            p = np.exp(0.1 * s - (0.1 * s).max(-1, keepdims=True))
+            want = np.einsum("bn,bnd->bd", p / p.sum(-1, keepdims=True), v[:, :, h // group])
+            np.testing.assert_allclose(got[layer, :, 0, h], want, rtol=3e-2, atol=3e-2)
+    per_token = shape["dk"] + shape["dr"] + (shape["dv"] or 0)
+    assert attention_bench.cache_bytes(shape, batch, context) == batch * context * shape["kv_heads"] * per_token * 2
+
+
+def test_attention_bench_runs_on_this_backend(tmp_path):
+    cli.main(["attention", "--preset", "tiny", "--batches", "1", "--context", "32", "--reps", "2", "--out", str(tmp_path)])
+    result = json.loads((tmp_path / "attention.json").read_text())
+    assert [r["batch"] for r in result["results"]] == [1]
+    assert result["results"][0]["xla_us"] > 0 and result["results"][0]["floor_us"] > 0
+    assert "| 1 |" in (tmp_path / "attention.md").read_text()

@@ -2,7 +2,7 @@
 # Builds te_async on the GPU machine (no registry access: the image's jax, nanobind and
 # scikit-build-core build it), runs the GPU tests and the benchmarks, and writes logs and
 # results under $OUT. Usage: tools/gpu_check.sh [stage ...], stages: build test sanitize example
-# layer prefill train decode-gemm decode dense generate cmdbuf profile ncu ncu-source stall ep (default: build
+# layer prefill train decode-gemm decode dense attention generate cmdbuf profile ncu ncu-source stall ep (default: build
 # test example layer prefill train). Python runs with -P so that the installed package, not the source
 # folder, is imported. The CUTLASS kernels are built when an nvidia-cutlass wheel is carried in
 # .whl/ (the machine has no registry access; `pip download --no-deps nvidia-cutlass==4.2.0.0 -d
@@ -86,6 +86,7 @@ for stage in $stages; do
     decode-gemm) run decode_gemm python3 -P -m te_async.bench decode-gemm --out "$OUT" ${DECODE_GEMM_ARGS:-}; cat "$OUT/decode_gemm.md" ;;
     decode) run decode python3 -P -m te_async.bench decode --out "$OUT" ${DECODE_ARGS:-}; cat "$OUT/decode.md" ;;
     dense) run dense python3 -P -m te_async.bench dense --out "$OUT" ${DENSE_ARGS:-}; cat "$OUT/dense.md" ;;
+    attention) run attention python3 -P -m te_async.bench attention --out "$OUT" ${ATTENTION_ARGS:-}; cat "$OUT/attention.md" ;;
     generate)  # whole-model greedy decode per mode; the CLI turns on command buffers during profiling
       run generate python3 -P -m te_async.bench generate --out "$OUT" ${GENERATE_ARGS:-}; cat "$OUT/generate.md" ;;
     cmdbuf) run cmdbuf python3 -P tools/cmdbuf_probe.py --out "$OUT"; tail -n 40 "$OUT/cmdbuf.log" ;;

@@ -20,6 +20,7 @@ BENCHMARKS = {
     "ep": "te_async.bench.ep",
     "generate": "te_async.bench.generate",
     "dense": "te_async.bench.dense",
+    "attention": "te_async.bench.attention",
 }
 
 

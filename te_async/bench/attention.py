@@ -1,0 +1,104 @@
+"""Decode attention over a stacked KV cache: te_async.decode_attention's kernel against XLA's.
+
+A model's decode attention (on a GPU by default DeepSeek-V2-Lite's MLA: 16 heads over one latent
+of 512 and a rope key of 64; grouped-query heads for the other presets) at batch B against a
+cache of --context tokens, each two ways: "te_async" (decode_attention(..., kernel="te_async"),
+the flash-decoding kernel that reads the layer in place) and "xla" (kernel="xla": XLA's einsums
+and softmax over the layer that its dynamic slice copies out of the stack). As in a decode step,
+one call runs a lax.scan over L layers (L = --layers) of one stacked cache, the layer index the
+scan's counter; a layer's time is the call's wall clock over L. The floor is the bytes of the
+cache a step must read (every visible key once) over the HBM read bandwidth of the same run.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .. import decode_attention as attention
+from ..models.mla import softmax_scale
+from . import presets, timing
+
+
+def add_arguments(p) -> None:
+    presets.add_argument(p)
+    p.add_argument("--batches", type=presets.positive_int, nargs="+", help="B (default: 1 2 4 8 16 64 on a GPU, 1 2 elsewhere)")
+    p.add_argument("--context", type=presets.positive_int, help="cached tokens, all visible (default: 4096 on a GPU, 64 elsewhere)")
+    p.add_argument("--layers", type=presets.positive_int, help="stacked layers per call (default: 26 on a GPU, 2 elsewhere)")
+    p.add_argument("--reps", type=presets.positive_int, default=20, help="timing samples of 5 calls each (default: 20)")
+
+
+def heads(config) -> dict:
+    """The attention's decode shape: query heads, kv heads, key dims, rope-key dims, value dims
+    (None: the keys are the values) and the softmax scale."""
+    if config.is_mla:
+        return dict(heads=config.num_attention_heads, kv_heads=1, dk=config.kv_lora_rank, dr=config.qk_rope_head_dim,
+                    dv=None, scale=softmax_scale(config))
+    return dict(heads=config.num_attention_heads, kv_heads=config.num_key_value_heads, dk=config.head_dim, dr=0,
+                dv=config.head_dim, scale=config.head_dim ** -0.5)
+
+
+def operands(shape: dict, batch: int, context: int, layers: int, key) -> tuple:
+    """Random bf16 (q, keys, values, q_rope, key_rope) of one call."""
+    k = iter(jax.random.split(key, 5))
+    x = lambda *s: jax.random.normal(next(k), s, jnp.bfloat16)
+    h, hkv, dk, dr, dv = (shape[n] for n in ("heads", "kv_heads", "dk", "dr", "dv"))
+    cache = (layers, batch, context, hkv)
+    return (x(batch, 1, h, dk), x(*cache, dk), None if dv is None else x(*cache, dv),
+            x(batch, 1, h, dr) if dr else None, x(*cache, dr) if dr else None)
+
+
+def scanned(kernel: str, scale: float, position: int, layers: int):
+    """One call: decode_attention over each of the L stacked layers, the stack read by index."""
+    def call(q, keys, values, q_rope, key_rope):
+        def body(carry, layer):
+            return carry, attention.decode_attention(q, keys, values, position, scale=scale, layer=layer, q_rope=q_rope,
+                                                     key_rope=key_rope, kernel=kernel)
+        return jax.lax.scan(body, 0, jnp.arange(layers, dtype=jnp.int32))[1]
+    return jax.jit(call)
+
+
+def cache_bytes(shape: dict, batch: int, context: int) -> int:
+    """The bytes of one layer's cache a step reads: each key (and rope key and value) once."""
+    per_token = shape["dk"] + shape["dr"] + (shape["dv"] or 0)
+    return batch * context * shape["kv_heads"] * per_token * 2
+
+
+def run(args) -> dict:
+    gpu = jax.default_backend() == "gpu"
+    name = presets.default_name(args.preset)
+    shape = heads(presets.config(name))
+    batches = args.batches or ([1, 2, 4, 8, 16, 64] if gpu else [1, 2])
+    context = args.context or (4096 if gpu else 64)
+    layers = args.layers or (26 if gpu else 2)
+    kernels = ["xla", "te_async"] if gpu else ["xla"]
+    hbm = timing.hbm_bandwidth()
+    print(f"attention: {name} {shape}, {context} cached tokens, {layers} stacked layers per call, HBM read "
+          f"{hbm / 1e12:.2f} TB/s, batches {batches}", flush=True)
+    results = []
+    for batch in batches:
+        ops = operands(shape, batch, context, layers, jax.random.key(batch))
+        row = dict(batch=batch, floor_us=1e6 * cache_bytes(shape, batch, context) / hbm)
+        for kernel in kernels:
+            fn = scanned(kernel, shape["scale"], context - 1, layers)
+            row[f"{kernel}_us"] = 1e6 * timing.time_calls(fn, [ops], reps=args.reps).median_s / layers
+        results.append(row)
+        print("  B=%-3d floor %8.2f us  " % (batch, row["floor_us"])
+              + "  ".join(f"{k} {row[f'{k}_us']:8.2f}" for k in kernels), flush=True)
+        del ops
+    table = markdown(results, kernels)
+    (args.out / "attention.md").write_text(table)
+    print(table)
+    return {"benchmark": "attention", "config": dict(preset=name, shape=shape, context=context, layers=layers,
+                                                     batches=batches, dtype="bfloat16", reps=args.reps),
+            "hbm_bytes_per_s": hbm, "results": results}
+
+
+def markdown(results, kernels) -> str:
+    """One row per B: the floor, then each kernel's µs per layer and its ratio to the floor."""
+    lines = ["| B | floor us | " + " | ".join(f"{k} us" for k in kernels) + " |", "|---" * (2 + len(kernels)) + "|"]
+    for r in results:
+        cells = [f"{r[f'{k}_us']:.2f} ({r[f'{k}_us'] / r['floor_us']:.1f}x)" for k in kernels]
+        lines.append(f"| {r['batch']} | {r['floor_us']:.2f} | " + " | ".join(cells) + " |")
+    lines += ["", "Wall clock per layer (a scan over the stacked layers, over their count); ratio to the floor "
+              "(the layer's cache bytes over the measured HBM read bandwidth)."]
+    return "\n".join(lines) + "\n"
