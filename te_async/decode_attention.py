@@ -69,6 +69,10 @@ def decode_attention(q: jax.Array, keys: jax.Array, values: Optional[jax.Array],
     """
     kernel = default_kernel() if kernel is None else kernel
     _check(q, keys, values, q_rope, key_rope, kernel)
+    if window is not None and (not isinstance(window, int) or window < 1):
+        raise ValueError(f"window must be None or a positive number of keys, got {window!r}")
+    if isinstance(layer, int) and not 0 <= layer < keys.shape[0]:  # a traced layer past the stack gives NaN on the GPU
+        raise ValueError(f"layer {layer} is outside the stack of {keys.shape[0]} layers")
     args = (q, keys, values, jnp.asarray(position, jnp.int32), jnp.asarray(layer, jnp.int32), q_rope, key_rope)
     opts = dict(scale=float(scale), window=window)
     applies = kernel_applies(q, keys, values, q_rope)

@@ -92,6 +92,14 @@ def test_bad_operands(rng, bad, match):
         call(operands, 3, 0, 0.1, jit=False)
 
 
+def test_bad_layer_or_window(rng):
+    operands = make(rng, **GQA)
+    with pytest.raises(ValueError, match="layer 3 is outside the stack of 3 layers"):
+        call(operands, 3, 3, 0.1, jit=False)
+    with pytest.raises(ValueError, match="window must be None or a positive"):
+        call(operands, 3, 0, 0.1, window=0, jit=False)
+
+
 def test_bad_kernel_names(rng, monkeypatch):
     with pytest.raises(ValueError, match="kernel must be one of"):
         call(make(rng, **GQA), 3, 0, 0.1, kernel="flash", jit=False)
