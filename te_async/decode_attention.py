@@ -91,22 +91,33 @@ def decode_attention(q: jax.Array, keys: jax.Array, values: Optional[jax.Array],
 def decode_attention_reference(q, keys, values, position, layer, q_rope=None, key_rope=None, *, scale: float,
                                window: Optional[int] = None) -> jax.Array:
     """decode_attention in plain JAX (the layer read through a dynamic slice)."""
-    f32 = jnp.float32
-    b, t, h, _ = q.shape
     k = jax.lax.dynamic_index_in_dim(keys, layer, axis=0, keepdims=False)
     v = k if values is None else jax.lax.dynamic_index_in_dim(values, layer, axis=0, keepdims=False)
+    k_rope = None if key_rope is None else jax.lax.dynamic_index_in_dim(key_rope, layer, axis=0, keepdims=False)
+    mask = causal_mask(position + jnp.arange(q.shape[1], dtype=jnp.int32), jnp.arange(k.shape[1], dtype=jnp.int32),
+                       window)
+    return attend(q, k, v, mask, scale, q_rope, k_rope, out_dtype=q.dtype)
+
+
+def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float, q_rope=None, k_rope=None,
+           out_dtype=None) -> jax.Array:
+    """Softmax attention, q [B,S,H,d], k [B,L,Hkv,d], v [B,L,Hkv,dv] -> [B,S,H,dv] in out_dtype
+    (default v's); the H query heads share the Hkv key heads in groups (repeat_kv); q_rope
+    [B,S,H,dr] with k_rope [B,L,Hkv,dr] add a second score term (MLA's rope key); mask [S, L].
+    Scores and softmax in float32."""
+    f32 = jnp.float32
+    b, s, h, _ = q.shape
     hkv = k.shape[2]
 
     def scores_of(query, key):
-        return jnp.einsum("btngd,blnd->bngtl", query.reshape(b, t, hkv, h // hkv, -1), key, preferred_element_type=f32)
+        return jnp.einsum("bsngd,blnd->bngsl", query.reshape(b, s, hkv, h // hkv, -1), key, preferred_element_type=f32)
 
     scores = scores_of(q, k)
     if q_rope is not None:
-        scores = scores + scores_of(q_rope, jax.lax.dynamic_index_in_dim(key_rope, layer, axis=0, keepdims=False))
-    mask = causal_mask(position + jnp.arange(t, dtype=jnp.int32), jnp.arange(k.shape[1], dtype=jnp.int32), window)
+        scores = scores + scores_of(q_rope, k_rope)
     probs = jax.nn.softmax(jnp.where(mask, scores * scale, -jnp.inf), axis=-1).astype(v.dtype)
-    out = jnp.einsum("bngtl,blnd->btngd", probs, v, preferred_element_type=f32)
-    return out.astype(q.dtype).reshape(b, t, h, v.shape[-1])
+    out = jnp.einsum("bngsl,blnd->bsngd", probs, v, preferred_element_type=f32)
+    return out.astype(v.dtype if out_dtype is None else out_dtype).reshape(b, s, h, v.shape[-1])
 
 
 def kernel_applies(q, keys, values, q_rope) -> bool:

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from .. import dense
-from ..decode_attention import causal_mask, decode_attention
+from ..decode_attention import attend, causal_mask, decode_attention
 from .norm import rms_norm
 from .rope import apply_rope
 
@@ -27,19 +27,6 @@ def linear(x: jax.Array, w: jax.Array, b: Optional[jax.Array] = None) -> jax.Arr
     if b is not None:
         y = y + b.astype(jnp.float32)
     return y.astype(x.dtype)
-
-
-def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float) -> jax.Array:
-    """Softmax attention, q [B,S,H,d], k [B,L,Hkv,d], v [B,L,Hkv,dv] -> [B,S,H,dv]; the H query
-    heads share the Hkv key heads in groups (repeat_kv). Scores and softmax in float32."""
-    b, s, h, d = q.shape
-    hkv = k.shape[2]
-    qg = q.reshape(b, s, hkv, h // hkv, d)
-    scores = jnp.einsum("bsngd,blnd->bngsl", qg, k, preferred_element_type=jnp.float32) * scale
-    scores = jnp.where(mask, scores, -jnp.inf)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum("bngsl,blnd->bsngd", probs, v, preferred_element_type=jnp.float32).astype(v.dtype)
-    return out.reshape(b, s, h, v.shape[-1])
 
 
 class LayerOf(NamedTuple):

@@ -20,8 +20,8 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from ..decode_attention import causal_mask, decode_attention
-from .attention import attend, linear, stacked, write
+from ..decode_attention import attend, causal_mask, decode_attention
+from .attention import linear, stacked, write
 from .config import yarn_mscale
 from .norm import rms_norm
 from .rope import apply_rope, interleaved_to_half
