@@ -15,9 +15,7 @@ te_async.models); elsewhere callers run the unfused path, which is also its refe
 decode per token (docs/benchmarks.md, table G1) 3.99 ms fused against 4.38 ms unfused at B=1, but
 9.71 against 9.55 ms at B=8. Fused fc1 and fc2 are each a little slower than unfused (fc2
 recomputes swiglu for every 64-column tile it loads; 7.5 us more per layer at B=8); at B=1 the four
-kernels fewer win, since that step is bound by launches (39 % against 47 % GPU idle). The expert
-weights may be LayerOf a stack [L, E, ...] (te_async/stacked.py): the kernels then read the layer's
-experts in place, picked on the GPU. The sum is taken from fc2's float32 accumulators: the unfused
+kernels fewer win, since that step is bound by launches (39 % against 47 % GPU idle). The sum is taken from fc2's float32 accumulators: the unfused
 path rounds fc2's rows to the input dtype first, so the two differ by that rounding. Gradients, if
 asked for, are the unfused path's (a jax.custom_vjp that recomputes it): decode needs none.
 """
@@ -28,7 +26,6 @@ import jax.numpy as jnp
 from . import _ffi, plan
 from .mlp import grouped_mlp
 from .routing import Dispatch, Routing, combine
-from .stacked import LayerOf, layer_aval, layer_index, take
 
 EXPERT_GEMM = "te_async_expert_gemm"
 DTYPES = ("bfloat16", "float16", "float32")
@@ -43,9 +40,7 @@ def fuses(tokens: int, top_k: int, w_fc1: jax.Array, w_fc2: jax.Array, *, mode: 
 
 
 def can_fuse(tokens: int, top_k: int, w_fc1: jax.Array, w_fc2: jax.Array, *, mode: str, activation: str) -> bool:
-    """Whether fused_experts runs these sizes: both GEMMs' device-mode plans choose small_groups.
-    The weights may be arrays, LayerOf or ShapeDtypeStruct."""
-    w_fc1, w_fc2 = layer_aval(w_fc1), layer_aval(w_fc2)
+    """Whether fused_experts runs these sizes: both GEMMs' device-mode plans choose small_groups."""
     if mode != "device" or activation != "swiglu" or not plan.on_gpu() or jnp.dtype(w_fc1.dtype).name not in DTYPES:
         return False
     groups, hidden, ffn = w_fc2.shape[0], w_fc2.shape[2], w_fc2.shape[1]
@@ -58,18 +53,15 @@ def can_fuse(tokens: int, top_k: int, w_fc1: jax.Array, w_fc2: jax.Array, *, mod
 
 
 def _expert_gemm(lhs, rhs, dispatch: Dispatch, weights, out_dtype, **attrs):
-    """rhs [E, K, N], or a LayerOf of [L, E, K, N] that the kernel reads in place."""
-    stack, layer = (rhs.stack, rhs.index) if isinstance(rhs, LayerOf) else (rhs, 0)
     rows = dispatch.choice_of_row.shape[0]
-    out = jax.ShapeDtypeStruct((rows, stack.shape[-1]), out_dtype)
-    return jax.ffi.ffi_call(EXPERT_GEMM, out)(lhs, stack, dispatch.group_sizes, dispatch.choice_of_row,
-                                              weights.reshape(-1).astype(jnp.float32), jnp.asarray(layer, jnp.int32),
-                                              **attrs)
+    out = jax.ShapeDtypeStruct((rows, rhs.shape[2]), out_dtype)
+    return jax.ffi.ffi_call(EXPERT_GEMM, out)(lhs, rhs, dispatch.group_sizes, dispatch.choice_of_row,
+                                              weights.reshape(-1).astype(jnp.float32), **attrs)
 
 
 def _unfused(x, weights, dispatch: Dispatch, w_fc1, w_fc2):
-    y_rows = grouped_mlp(x[dispatch.token_of_row], dispatch.group_sizes, take(w_fc1), take(w_fc2), norm=None,
-                         activation="swiglu", group_sizes_mode="device")
+    y_rows = grouped_mlp(x[dispatch.token_of_row], dispatch.group_sizes, w_fc1, w_fc2, norm=None, activation="swiglu",
+                         group_sizes_mode="device")
     return combine(y_rows, dispatch, weights)
 
 
@@ -92,19 +84,16 @@ def _fused_bwd(args, dy):
 _fused.defvjp(_fused_fwd, _fused_bwd)
 
 
-def fused_experts(x: jax.Array, routing: Routing, dispatch: Dispatch, w_fc1, w_fc2) -> jax.Array:
+def fused_experts(x: jax.Array, routing: Routing, dispatch: Dispatch, w_fc1: jax.Array, w_fc2: jax.Array) -> jax.Array:
     """x [T, H] (already normalised), the routing and dispatch of route(), w_fc1 [E, H, 2F] (swiglu's
-    [gate | linear]), w_fc2 [E, F, H], or each a LayerOf of a stack of them (its index clamped to
-    the stack) -> sum_k weight_k * expert_k(x) [T, H], in x's dtype. Call it where can_fuse() holds."""
-    a1, a2 = layer_aval(w_fc1), layer_aval(w_fc2)
-    if not x.dtype == a1.dtype == a2.dtype:
-        raise TypeError(f"x, w_fc1 and w_fc2 must share a dtype, got {x.dtype}, {a1.dtype}, {a2.dtype}")
+    [gate | linear]), w_fc2 [E, F, H] -> sum_k weight_k * expert_k(x) [T, H], in x's dtype. Call it
+    where can_fuse() holds."""
+    if not x.dtype == w_fc1.dtype == w_fc2.dtype:
+        raise TypeError(f"x, w_fc1 and w_fc2 must share a dtype, got {x.dtype}, {w_fc1.dtype}, {w_fc2.dtype}")
     if x.ndim != 2 or routing.weights.shape[0] != x.shape[0]:
         raise ValueError(f"x must be [T, H] with T = the routing's {routing.weights.shape[0]} tokens, got {x.shape}")
-    if len(a1.shape) != 3 or len(a2.shape) != 3 or a1.shape[1] != x.shape[1] or a1.shape[2] != 2 * a2.shape[1] \
-            or a2.shape[2] != x.shape[1]:
-        raise ValueError(f"need w_fc1 [E,H,2F], w_fc2 [E,F,H] for x {x.shape}; got {a1.shape}, {a2.shape}")
-    w_fc1, w_fc2 = (LayerOf(w.stack, layer_index(w)) if isinstance(w, LayerOf) else w for w in (w_fc1, w_fc2))
+    if w_fc1.shape[1] != x.shape[1] or w_fc1.shape[2] != 2 * w_fc2.shape[1] or w_fc2.shape[2] != x.shape[1]:
+        raise ValueError(f"need w_fc1 [E,H,2F], w_fc2 [E,F,H] for x {x.shape}; got {w_fc1.shape}, {w_fc2.shape}")
     # The fused kernels where the call is lowered for a GPU; elsewhere (arrays placed on the CPU of
     # a GPU machine, say) the unfused path, which every backend runs.
     return jax.lax.platform_dependent(x, routing.weights, dispatch, w_fc1, w_fc2, cuda=_fused, default=_unfused)

@@ -13,48 +13,36 @@ Measured on an H200 (2026-12-01, docs/results/2026-12-01-h200-generate/dense_pro
 GEMM [1, 2048] x [2048, 3072] in a jit of 26 (wall clock per GEMM) took 13.6 us here against
 XLA's 15.9; at 4 rows 15.1 against 13.7, and worse past that; the whole DeepSeek-V2-Lite decode
 step at batch 1 went from 5.86 to 4.62 ms. So linear() takes this path up to MAX_ROWS rows and XLA's GEMM past it.
-
-Inside such a scan, pass the weight as a te_async.stacked.LayerOf (the whole stack and the layer's
-index): the kernel then reads the stack [L, K, N] at a fixed address as a grouped GEMM of L groups
-in which only the layer's group has rows, so XLA neither copies the slice nor fuses it into the call
-with an address that changes every trip (te_async/stacked.py has the cost of that).
 """
 
 import math
-from typing import Union
 
 import jax
 import jax.numpy as jnp
 
 from .gemm import grouped_gemm
-from .stacked import LayerOf, layer_index, take
 
 MAX_ROWS = 2  # rows up to which linear() runs te_async's small-M kernel (see the module docstring)
 KERNELS = ("auto", "te_async", "xla")
 
 
-def linear(x: jax.Array, w: Union[jax.Array, LayerOf], *, transpose_w: bool = False, preferred_element_type=None,
+def linear(x: jax.Array, w: jax.Array, *, transpose_w: bool = False, preferred_element_type=None,
            kernel: str = "auto") -> jax.Array:
     """x [..., K] @ w [K, N] (w [N, K] with transpose_w) -> [..., N], accumulated in float32 from
     exact products (float32 inputs are not rounded to TF32) and returned in preferred_element_type
-    (default x's dtype). x and w share a dtype. w may be a LayerOf, a layer of a stack [L, K, N]
-    (its index clamped to the stack, as XLA's dynamic index clamps it). kernel: "auto" (te_async's
-    small-M kernel up to MAX_ROWS rows, XLA's GEMM past them), or "te_async" or "xla" whatever the
-    rows (to compare)."""
+    (default x's dtype). x and w share a dtype. kernel: "auto" (te_async's small-M kernel up to
+    MAX_ROWS rows, XLA's GEMM past them), or "te_async" or "xla" whatever the rows (to compare)."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
-    stack = w.stack if isinstance(w, LayerOf) else w[None]
     *lead, k = x.shape
-    if stack.ndim != 3 or (stack.shape[2] if transpose_w else stack.shape[1]) != k:
-        raise ValueError(f"linear: x {x.shape} and w {stack.shape[1:]} (transpose_w={transpose_w}) do not fit")
-    rows, n = math.prod(lead), stack.shape[1] if transpose_w else stack.shape[2]
+    if w.ndim != 2 or (w.shape[1] if transpose_w else w.shape[0]) != k:
+        raise ValueError(f"linear: x {x.shape} and w {w.shape} (transpose_w={transpose_w}) do not fit")
+    rows, n = math.prod(lead), w.shape[0] if transpose_w else w.shape[1]
     out_type = preferred_element_type or x.dtype
     if kernel == "xla" or rows == 0 or (kernel == "auto" and rows > MAX_ROWS):
         spec = "...k,nk->...n" if transpose_w else "...k,kn->...n"
-        return jnp.einsum(spec, x, take(w), precision=jax.lax.Precision.HIGHEST,
+        return jnp.einsum(spec, x, w, precision=jax.lax.Precision.HIGHEST,
                           preferred_element_type=jnp.float32).astype(out_type)
-    layer = layer_index(w) if isinstance(w, LayerOf) else 0
-    sizes = jnp.where(jnp.arange(stack.shape[0]) == layer, rows, 0).astype(jnp.int32)  # rows in the layer's group
-    y = grouped_gemm(x.reshape(rows, k), stack, sizes, transpose_rhs=transpose_w, preferred_element_type=out_type,
-                     group_sizes_mode="device")
+    y = grouped_gemm(x.reshape(rows, k), w[None], jnp.full((1,), rows, jnp.int32), transpose_rhs=transpose_w,
+                     preferred_element_type=out_type, group_sizes_mode="device")
     return y.reshape(*lead, n)

@@ -12,7 +12,6 @@ from te_async import decode_moe
 from te_async.gemm import grouped_gemm
 from te_async.mlp import activate
 from te_async.routing import route
-from te_async.stacked import LayerOf, take
 
 from reference import rel_error
 
@@ -20,9 +19,7 @@ from reference import rel_error
 def expert_gemm_contract(lhs, rhs, dispatch, weights, out_dtype, *, gather_div, scatter, swiglu):
     """csrc/cuda/expert_gemm.cc's contract: row r reads lhs row choice_of_row[r] // gather_div
     (gather_div > 0) and, with swiglu, silu(gate) * linear in lhs's dtype; with scatter, it is
-    written to row choice_of_row[r], times weights.flat[choice_of_row[r]]; f32 accumulation; a
-    LayerOf rhs reads its (clamped) layer."""
-    rhs = take(rhs)
+    written to row choice_of_row[r], times weights.flat[choice_of_row[r]]; f32 accumulation."""
     c = dispatch.choice_of_row
     rows = lhs[c // gather_div] if gather_div else lhs
     if swiglu:
@@ -54,25 +51,6 @@ def test_fused_glue_matches_unfused(rng, contract, tokens, experts, top_k):
     want = jax.grad(loss(decode_moe._unfused), argnums=(0, 1, 2, 3))(x, routing.weights, w_fc1, w_fc2)
     for g, w in zip(got, want):
         assert rel_error(g, w) < 1e-6
-
-
-def test_fused_glue_reads_a_layer_of_a_stack(rng, contract):
-    """Stacked weights as a decoder's scan passes them (LayerOf, a traced index): each trip's output
-    is the unfused path's on that layer's weights, indices past the stack clamped."""
-    tokens, experts, top_k, hidden, ffn, layers = 1, 8, 2, 24, 20, 3
-    x = jnp.asarray(rng.standard_normal((tokens, hidden)), jnp.float32)
-    w_fc1 = jnp.asarray(rng.standard_normal((layers, experts, hidden, 2 * ffn)) / np.sqrt(hidden), jnp.float32)
-    w_fc2 = jnp.asarray(rng.standard_normal((layers, experts, ffn, hidden)) / np.sqrt(ffn), jnp.float32)
-    routing, dispatch = route(jnp.asarray(rng.standard_normal((tokens, experts)), jnp.float32), top_k,
-                              renormalize=False, kernel="xla")
-    indices = jnp.asarray([2, 0, 1, 5, -1], jnp.int32)
-    body = lambda c, i: (c, decode_moe._fused(x, routing.weights, dispatch, LayerOf(w_fc1, i), LayerOf(w_fc2, i)))
-    got = jax.jit(lambda: jax.lax.scan(body, 0, indices)[1])()
-    for i, y in zip([2, 0, 1, 2, 0], got):
-        want = decode_moe._unfused(x, routing.weights, dispatch, w_fc1[i], w_fc2[i])
-        assert rel_error(y, want) < 1e-6, i
-    with pytest.raises(ValueError, match="outside the stack"):
-        decode_moe.fused_experts(x, routing, dispatch, LayerOf(w_fc1, 3), LayerOf(w_fc2, 3))
 
 
 def test_nothing_fuses_off_the_gpu_or_outside_device_mode(rng):

@@ -11,7 +11,6 @@ import pytest
 from te_async import decode_moe
 from te_async.moe import moe_block
 from te_async.routing import Routing, plan_dispatch, route
-from te_async.stacked import LayerOf
 
 from reference import rel_error
 
@@ -118,25 +117,6 @@ def test_can_fuse_only_in_device_mode_at_decode_sizes(rng):
     assert not decode_moe.can_fuse(4096, 6, w_fc1, w_fc2, mode="device", activation="swiglu")
     assert decode_moe.fuses(1, 6, w_fc1, w_fc2, mode="device", activation="swiglu")  # the default: one token
     assert not decode_moe.fuses(8, 6, w_fc1, w_fc2, mode="device", activation="swiglu")
-
-
-def test_fused_reads_a_layer_of_a_stack(rng):
-    """A decoder's scan hands the kernels the stacked experts [L, E, ...] and the trip's index: each
-    trip equals the fused call on that layer's own weights bit for bit (same kernels, same order);
-    indices past the stack read the nearest layer."""
-    layers, (tokens, experts, hidden, ffn, top_k) = 4, CASES[0]
-    x, _, _, logits = make(rng, tokens, experts, hidden, ffn, jnp.bfloat16, top_k, "random")
-    w_fc1 = jnp.asarray(rng.standard_normal((layers, experts, hidden, 2 * ffn)) / np.sqrt(hidden), jnp.bfloat16)
-    w_fc2 = jnp.asarray(rng.standard_normal((layers, experts, ffn, hidden)) / np.sqrt(ffn), jnp.bfloat16)
-    routing, dispatch = route(logits, top_k, renormalize=False)
-    indices = jnp.asarray([3, 0, 2, 1, 9, -4], jnp.int32)
-    body = lambda c, i: (c, decode_moe.fused_experts(x, routing, dispatch, LayerOf(w_fc1, i), LayerOf(w_fc2, i)))
-    got = np.asarray(jax.jit(lambda: jax.lax.scan(body, 0, indices)[1])())
-    one = jax.jit(lambda a, b: decode_moe.fused_experts(x, routing, dispatch, a, b))
-    for i, y in zip([3, 0, 2, 1, 3, 0], got):
-        np.testing.assert_array_equal(y, np.asarray(one(w_fc1[i], w_fc2[i])))
-        want = experts_reference(x, routing.weights, routing.experts, w_fc1[i], w_fc2[i])
-        assert rel_error(y, want) < TOL[jnp.bfloat16], i
 
 
 def test_moe_block_fused_matches_unfused(rng):

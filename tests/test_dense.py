@@ -1,8 +1,7 @@
 """te_async.dense.linear against float64: both of its paths (te_async's small-M kernel up to
 dense.MAX_ROWS rows, XLA's GEMM past it), both weight layouts, shapes that are not
-multiples of 8, a layer of a stack (LayerOf: static, traced in a scan, clamped), and its errors; on
-the GPU also the plan it runs (small_groups, K split across the SMs where the columns are few) and
-bit-identical repeated runs."""
+multiples of 8, and its errors; on the GPU also the plan it runs (small_groups, K split across the
+SMs where the columns are few) and bit-identical repeated runs."""
 
 import jax
 import jax.numpy as jnp
@@ -10,7 +9,6 @@ import numpy as np
 import pytest
 
 from te_async import dense
-from te_async.stacked import LayerOf
 from helpers import TOL, device_plan, on_gpu
 from reference import rel_error
 
@@ -40,47 +38,6 @@ def test_linear_values(rng, lead, transpose_w, dtype, out):
         assert rel_error(y, reference(x, w, transpose_w)) < TOL[out or dtype], (lead, k, n, kernel)
 
 
-def stacked_operands(rng, layers, rows, k, n, dtype, transpose_w):
-    x = jnp.asarray(rng.standard_normal((rows, k)), dtype)
-    stack = jnp.asarray(rng.standard_normal((layers, n, k) if transpose_w else (layers, k, n)) / np.sqrt(k), dtype)
-    return x, stack
-
-
-def scanned_linear(x, stack, indices, transpose_w, kernel, out=None):
-    """linear(x, LayerOf(stack, i)) for each i of `indices`, traced, inside a lax.scan (a decoder's use)."""
-    body = lambda c, i: (c, dense.linear(x, LayerOf(stack, i), transpose_w=transpose_w, preferred_element_type=out,
-                                         kernel=kernel))
-    return jax.jit(lambda x, stack, idx: jax.lax.scan(body, 0, idx)[1])(x, stack, jnp.asarray(indices, jnp.int32))
-
-
-@pytest.mark.parametrize("transpose_w", [False, True])
-@pytest.mark.parametrize("rows", [1, LIMIT, LIMIT + 3])
-def test_linear_layer_of(rng, transpose_w, rows):
-    """Every layer of the stack, in scan order and shuffled; indices past either end read the
-    nearest layer, as XLA's dynamic index clamps them; a static index reads its layer."""
-    layers, k, n = 5, int(rng.integers(1, 200)), int(rng.integers(1, 200))
-    x, stack = stacked_operands(rng, layers, rows, k, n, jnp.float32, transpose_w)
-    indices = [*rng.permutation(layers), -3, layers, layers + 7]
-    want = [reference(x, stack[min(max(i, 0), layers - 1)], transpose_w) for i in indices]
-    for kernel in dense.KERNELS:
-        y = scanned_linear(x, stack, indices, transpose_w, kernel)
-        for i, (got, ref) in enumerate(zip(y, want)):
-            assert rel_error(got, ref) < TOL[jnp.float32], (kernel, indices[i])
-        static = dense.linear(x, LayerOf(stack, layers - 1), transpose_w=transpose_w, kernel=kernel)
-        assert rel_error(static, reference(x, stack[layers - 1], transpose_w)) < TOL[jnp.float32]
-
-
-def test_linear_layer_of_errors():
-    stack = jnp.zeros((3, 8, 4), jnp.float32)
-    x = jnp.zeros((1, 8), jnp.float32)
-    with pytest.raises(ValueError, match="outside the stack of 3 layers"):
-        dense.linear(x, LayerOf(stack, 3))
-    with pytest.raises(ValueError, match="integer scalar"):
-        dense.linear(x, LayerOf(stack, jnp.zeros((2,), jnp.int32)))
-    with pytest.raises(ValueError, match="do not fit"):
-        dense.linear(jnp.zeros((1, 4), jnp.float32), LayerOf(stack, 0))
-
-
 def test_linear_errors():
     x = jnp.zeros((2, 8), jnp.float32)
     with pytest.raises(ValueError, match="do not fit"):
@@ -107,19 +64,3 @@ def test_linear_gpu(rng, rows, k, n, transpose_w):
     y = np.asarray(f(x, w))
     assert rel_error(y, reference(x, w, transpose_w)) < TOL[jnp.float32] * 10
     assert np.array_equal(y, np.asarray(f(x, w))), "split-K sums must not depend on the run"
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("rows,k,n", [(1, 2048, 576), (LIMIT, 2816, 2048), (1, 1000, 37)])
-def test_linear_layer_of_gpu(rng, rows, k, n):
-    """The models' use on the GPU: a layer of a 26-layer stack, picked by a scan's counter, read by
-    small_groups as the one group with rows (K split across the SMs); matches the layer's own
-    product exactly (same kernel, same split)."""
-    layers = 26
-    x, stack = stacked_operands(rng, layers, rows, k, n, jnp.bfloat16, False)
-    x, stack = on_gpu(x), on_gpu(stack)
-    y = np.asarray(scanned_linear(x, stack, np.arange(layers), False, "te_async", jnp.float32))
-    for i in (0, 11, layers - 1):
-        assert rel_error(y[i], reference(x, stack[i], False)) < TOL[jnp.float32] * 10, i
-        alone = dense.linear(x, stack[i], preferred_element_type=jnp.float32, kernel="te_async")
-        np.testing.assert_array_equal(y[i], np.asarray(alone))

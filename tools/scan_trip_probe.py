@@ -2,11 +2,15 @@
 
 A decode step scans its layers; each trip of XLA's while loop replays the body's CUDA graph from
 the host. This probe times a scan of L trips whose body is one tiny GEMM (so the trip's fixed
-cost dominates), with the layer's weight reached three ways: as the scan's xs (a slice per trip),
-closed over and indexed by the trip counter, and one fixed weight for every trip (the same
-addresses on every replay). Run it under different XLA_FLAGS to see what the loop costs.
+cost dominates), XLA's or te_async's (dense.linear), with the layer's weight reached as the scan's
+xs (a slice per trip: XLA fuses it into te_async's call as a DynamicSliceFusion), closed over and
+indexed by the trip counter (XLA copies the slice first), one fixed weight for every trip, and, for
+te_async, the whole stack read by a grouped GEMM whose only group with rows is the layer's. Run it
+under different XLA_FLAGS to see what the loop costs. Measured on an H200 (2026-12-02,
+docs/benchmarks.md, "Tried and dropped"): about 10 us a trip for XLA's GEMM and for the stack,
+21-31 us for te_async's call on a sliced weight.
 
-    python3 -P tools/scan_trip_probe.py [--layers 26] [--out DIR]
+    python3 -P tools/scan_trip_probe.py [--layers 26] [--tag NAME] [--out DIR]
 """
 import argparse
 import json

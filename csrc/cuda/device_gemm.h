@@ -47,10 +47,6 @@ struct SmallGroupsFusion {
   int gather_div = 0;    // > 0: lhs has M / gather_div rows; row r reads lhs row choice_of_row[r] / gather_div
   bool scatter = false;  // row r is written to out row choice_of_row[r], times choice_weights[choice_of_row[r]]
   bool swiglu = false;   // lhs is [rows, 2K]: the GEMM reads silu(lhs[:, :K]) * lhs[:, K:], rounded to lhs's dtype
-  // rhs is a stack [layers, G, K, N] read in place (te_async/stacked.py says why): the kernel reads
-  // the experts of layer *layer (device memory, clamped to [0, layers)); nullptr: rhs is [G, K, N].
-  const int32_t* layer = nullptr;
-  int layers = 1;
   bool on() const { return choice_of_row != nullptr || swiglu; }
 };
 xla::ffi::Error LaunchSmallGroups(const DeviceGemm& g, cudaStream_t stream,

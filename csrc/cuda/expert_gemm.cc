@@ -2,12 +2,9 @@
 // small_groups in device mode, whose rows are read from and written to where the routing kernel's
 // choice_of_row says (SmallGroupsFusion, device_gemm.h). fc1 gathers the token rows; fc2 applies
 // swiglu to fc1's output as it loads it and writes each row, times its routing weight, to its
-// (token, choice) slot of an f32 [T*k, N] output, which the caller sums over k. rhs is [G, K, N], or a
-// stack [L, G, K, N] of which the kernel reads layer `layer` (an int32 scalar in device memory,
-// clamped to the stack), so that a scanned decoder hands it the stack in place. Deterministic: every
+// (token, choice) slot of an f32 [T*k, N] output, which the caller sums over k. Deterministic: every
 // output element is written once, by one thread. The caller's plan chose small_groups for both
 // shapes (te_async/plan.py); this handler only checks that the operands fit together.
-#include <climits>
 #include <string>
 
 #include "cuda/device_counters.h"
@@ -22,8 +19,7 @@ namespace {
 
 ffi::Error ExpertGemm(cudaStream_t stream, int32_t device, ffi::AnyBuffer lhs, ffi::AnyBuffer rhs,
                       ffi::AnyBuffer group_sizes, ffi::Buffer<ffi::S32> choice_of_row, ffi::Buffer<ffi::F32> choice_weights,
-                      ffi::Buffer<ffi::S32> layer, ffi::Result<ffi::AnyBuffer> out, int64_t gather_div, bool scatter,
-                      bool swiglu) {
+                      ffi::Result<ffi::AnyBuffer> out, int64_t gather_div, bool scatter, bool swiglu) {
   auto bad = [&](const std::string& what) {
     return ffi::Error::InvalidArgument("te_async expert_gemm: " + what + " (lhs " + Dims(lhs) + ", rhs " + Dims(rhs) +
                                        ", group_sizes " + Dims(group_sizes) + ", out " + Dims(*out) + ")");
@@ -37,15 +33,12 @@ ffi::Error ExpertGemm(cudaStream_t stream, int32_t device, ffi::AnyBuffer lhs, f
   s.in_type = lhs.element_type();
   s.out_type = out->element_type();
   const auto ld = lhs.dimensions(), rd = rhs.dimensions(), od = out->dimensions();
-  const size_t stacked = rd.size() == 4 ? 1 : 0;  // rhs [L, G, K, N]
-  if (ld.size() != 2 || rd.size() != 3 + stacked || od.size() != 2 || rd[stacked] != s.groups) {
-    return bad("need lhs [rows, K], rhs [G, K, N] or [L, G, K, N], out [M, N]");
+  if (ld.size() != 2 || rd.size() != 3 || od.size() != 2 || rd[0] != s.groups) {
+    return bad("need lhs [rows, K], rhs [G, K, N], out [M, N]");
   }
-  if (layer.element_count() != 1) return bad("layer must be one int32");
-  if (stacked && (rd[0] < 1 || rd[0] > INT_MAX)) return bad("a stacked rhs needs 1 to 2^31 - 1 layers");
   s.rows = od[0];
-  s.k = rd[1 + stacked];
-  s.n = rd[2 + stacked];
+  s.k = rd[1];
+  s.n = rd[2];
   if (rhs.element_type() != s.in_type) return bad("lhs and rhs must share a dtype");
   if (od[1] != s.n) return bad("out must have rhs's N columns");
   if (ld[1] != (swiglu ? 2 * s.k : s.k)) return bad(swiglu ? "swiglu: lhs must have 2K columns" : "lhs must have K columns");
@@ -69,10 +62,6 @@ ffi::Error ExpertGemm(cudaStream_t stream, int32_t device, ffi::AnyBuffer lhs, f
   fusion.gather_div = static_cast<int>(gather_div);
   fusion.scatter = scatter;
   fusion.swiglu = swiglu;
-  if (stacked) {
-    fusion.layer = layer.typed_data();
-    fusion.layers = static_cast<int>(rd[0]);
-  }
   return LaunchSmallGroups(g, stream, fusion);
 }
 
@@ -87,7 +76,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(kExpertGemmCuda, ExpertGemm,
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Attr<int64_t>("gather_div")
                                   .Attr<bool>("scatter")

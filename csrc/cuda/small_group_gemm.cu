@@ -221,8 +221,6 @@ struct Args {
   const float* choice_weights;
   int gather_div;  // > 0: row r reads lhs row choice_of_row[r] / gather_div
   bool scatter;    // row r writes out row choice_of_row[r], times choice_weights[choice_of_row[r]]
-  const int32_t* layer;  // nullptr, or rhs is [layers, G, K, N] and the call reads layer *layer (clamped)
-  int layers;
 };
 
 // Fused calls (SmallGroupsFusion): where each of the M <= kFusedMaxRows sorted rows comes from and
@@ -425,8 +423,7 @@ __device__ __forceinline__ void KnStep(int it, const T* lhs, int ld, const RowTa
 }
 
 template <typename T, typename TO, bool kVec, bool kSplit, Fuse F, int RR>
-__device__ __forceinline__ void KnItem(const Args& a, const Chunk& ch, long long group0, int n0, int slice,
-                                       KnShared<T>& sh) {
+__device__ __forceinline__ void KnItem(const Args& a, const Chunk& ch, int n0, int slice, KnShared<T>& sh) {
   constexpr int V = Elem<T>::kVec;
   constexpr int kTile = 8 * V;
   // k-rows (16-byte loads in flight) per thread per iteration; the scalar path needs V loads each.
@@ -444,7 +441,7 @@ __device__ __forceinline__ void KnItem(const Args& a, const Chunk& ch, long long
   // Without a split (a separate instantiation, so that the decode path keeps its registers) an
   // item covers all of K.
   const int k_begin = kSplit ? slice * a.slice_k : 0, k_end = kSplit ? min(K, k_begin + a.slice_k) : K;
-  const T* wp = static_cast<const T*>(a.rhs) + (group0 + ch.group) * K * N +
+  const T* wp = static_cast<const T*>(a.rhs) + static_cast<long long>(ch.group) * K * N +
                 static_cast<long long>(k_begin + ky) * N + col;
 
   float acc[RR][V];
@@ -518,13 +515,7 @@ template <typename T, typename TO, bool kVec, bool kSplit, Fuse F>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm) SmallGroupsKnKernel(Args a) {
   constexpr int kTile = 8 * Elem<T>::kVec;
   __shared__ KnShared<T> sh;
-  // A stacked rhs (fused calls only): the layer's groups start at group (clamped layer) * G. Loaded
-  // first, so that its latency overlaps the tables' loads.
-  long long group0 = 0;
-  if constexpr (F != Fuse::kNone) {
-    if (a.layer != nullptr) group0 = static_cast<long long>(min(max(__ldg(a.layer), 0), a.layers - 1)) * a.groups;
-    LoadRowTable(a, sh.rows);
-  }
+  if constexpr (F != Fuse::kNone) LoadRowTable(a, sh.rows);
   static_assert(sizeof(sh.buf) >= (kMaxG + 1) * sizeof(int), "buf holds PrepareChunks' scratch");
   const int chunks = PrepareChunks(a, sh.tables, reinterpret_cast<int*>(sh.buf));
   const int tiles = (a.n + kTile - 1) / kTile;
@@ -550,7 +541,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) SmallGroupsKnKernel(Ar
       continue;
     }
     WithRowCount(ch.rows, [&](auto rr) {
-      KnItem<T, TO, kVec, kSplit, F, decltype(rr)::value>(a, ch, group0, n0, slice, sh);
+      KnItem<T, TO, kVec, kSplit, F, decltype(rr)::value>(a, ch, n0, slice, sh);
     });
   }
 }
@@ -786,8 +777,6 @@ ffi::Error Launch(const DeviceGemm& g, const SmallGroupsFusion& fusion, cudaStre
   a.choice_weights = fusion.choice_weights;
   a.gather_div = fusion.gather_div;
   a.scatter = fusion.scatter;
-  a.layer = fusion.layer;
-  a.layers = fusion.layers;
   const SmallGroupsSplitK split = fusion.on() ? SmallGroupsSplitK{} : PlanSmallGroupsSplitK(s, g.sm_count);
   a.slices = split.slices;
   a.slice_k = split.slices > 1 ? split.slice_k : a.k;
@@ -849,9 +838,6 @@ ffi::Error LaunchSmallGroups(const DeviceGemm& g, cudaStream_t stream, const Sma
     if (s.rows > kFusedMaxRows) {
       return ffi::Error::InvalidArgument("te_async: small_group_gemm: fusion runs at most " +
                                          std::to_string(kFusedMaxRows) + " rows, got " + std::to_string(s.rows));
-    }
-    if (fusion.layer != nullptr && fusion.layers < 1) {
-      return ffi::Error::InvalidArgument("te_async: small_group_gemm: a stacked rhs needs at least one layer");
     }
     if (fusion.swiglu && out != DataType::F32) {
       return ffi::Error::InvalidArgument("te_async: small_group_gemm: the swiglu prologue writes float32 only");

@@ -6,10 +6,9 @@ rows (the batch of a decode step), each two ways: "te_async" (linear(..., kernel
 a device-mode grouped GEMM of one group, small_groups with K split across the SMs) and "xla"
 (linear(..., kernel="xla"): XLA's dot). Also "shared MLP": the shared experts' whole SwiGLU MLP
 (fc1, activation, fc2), the dense MLP the fused-decode issue names. As in a decode step, one
-call runs a lax.scan over L stacked copies of the weights (L = --layers; past L2), the body
-reading each as a te_async.stacked.LayerOf, as the models' scans do; a GEMM's time is the call's
-wall clock over L, so it includes a scan trip's fixed cost. The floor is the weights' bytes over
-the HBM read bandwidth of the same run.
+call runs a lax.scan over L stacked copies of the weights (L = --layers; past L2, and read from
+a scan slice as the models read them); a GEMM's time is the call's wall clock over L. The floor
+is the weights' bytes over the HBM read bandwidth of the same run.
 """
 
 import jax
@@ -17,7 +16,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import dense, models
-from ..stacked import LayerOf
 from ..models.ffn import swiglu_mlp
 from . import presets, timing
 
@@ -49,9 +47,8 @@ def _shared_mlp(kernel):
 
 
 def _scanned(fn):
-    """One call: fn(x, *layer l of each stacked weight) for each of the L layers (a lax.scan)."""
-    body = lambda x, ws: lambda c, i: (c, fn(x, *(LayerOf(w, i) for w in ws)))
-    return jax.jit(lambda x, *ws: jax.lax.scan(body(x, ws), 0, jnp.arange(ws[0].shape[0]))[1])
+    """One call: fn(x, *weights of layer l) for each of the L stacked layers (a lax.scan)."""
+    return jax.jit(lambda x, *ws: jax.lax.scan(lambda c, w: (c, fn(x, *w)), 0, ws)[1])
 
 
 def run(args) -> dict:

@@ -9,26 +9,31 @@ layers each is a LayerOf the run's stacked array, which `write` updates in place
 entries) and decode_attention reads in place.
 """
 
-from typing import Optional
+from typing import NamedTuple, Optional, Union
 
 import jax
 import jax.numpy as jnp
 
 from .. import dense
 from ..decode_attention import attend, causal_mask, decode_attention
-from ..stacked import LayerOf, take
 from .norm import rms_norm
 from .rope import apply_rope
 
 
-def linear(x: jax.Array, w, b=None) -> jax.Array:
-    """x @ w (+ b) with float32 accumulation, in x's dtype; w is [in, out] (or a LayerOf of a stack
-    of them, b too). te_async.dense.linear: at decode sizes te_async's small-M kernel reads the
-    weights, elsewhere XLA's GEMM."""
+def linear(x: jax.Array, w: jax.Array, b: Optional[jax.Array] = None) -> jax.Array:
+    """x @ w (+ b) with float32 accumulation, in x's dtype; w is [in, out]. te_async.dense.linear:
+    at decode sizes te_async's small-M kernel reads the weights, elsewhere XLA's GEMM."""
     y = dense.linear(x, w, preferred_element_type=jnp.float32)
     if b is not None:
-        y = y + take(b).astype(jnp.float32)
+        y = y + b.astype(jnp.float32)
     return y.astype(x.dtype)
+
+
+class LayerOf(NamedTuple):
+    """Layer `index` of a stacked cache array [layers, B, max_len, ...] (cache.py)."""
+
+    stack: jax.Array
+    index: Union[int, jax.Array]
 
 
 def write(cache_array, new: jax.Array, position):
@@ -59,7 +64,7 @@ def gqa_attention(p: dict, cfg, x: jax.Array, cos: jax.Array, sin: jax.Array, ca
     k = linear(x, p["wk"], p.get("bk")).reshape(b, s, cfg.num_key_value_heads, cfg.head_dim)
     v = linear(x, p["wv"], p.get("bv")).reshape(b, s, cfg.num_key_value_heads, cfg.head_dim)
     if cfg.qk_norm:
-        q, k = rms_norm(q, take(p["q_norm"]), cfg.rms_norm_eps), rms_norm(k, take(p["k_norm"]), cfg.rms_norm_eps)
+        q, k = rms_norm(q, p["q_norm"], cfg.rms_norm_eps), rms_norm(k, p["k_norm"], cfg.rms_norm_eps)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     scale = cfg.head_dim ** -0.5
     if position is None:

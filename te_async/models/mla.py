@@ -21,7 +21,6 @@ import jax
 import jax.numpy as jnp
 
 from ..decode_attention import attend, causal_mask, decode_attention
-from ..stacked import take
 from .attention import linear, stacked, write
 from .config import yarn_mscale
 from .norm import rms_norm
@@ -49,13 +48,13 @@ def mla_attention(p: dict, cfg, x: jax.Array, cos: jax.Array, sin: jax.Array, ca
     if cfg.q_lora_rank is None:
         q = linear(x, p["wq"])
     else:
-        q = linear(rms_norm(linear(x, p["wq_a"], p.get("bq_a")), take(p["q_a_norm"]), LATENT_NORM_EPS), p["wq_b"])
+        q = linear(rms_norm(linear(x, p["wq_a"], p.get("bq_a")), p["q_a_norm"], LATENT_NORM_EPS), p["wq_b"])
     q = q.reshape(b, s, heads, nope + rope_dim)
     q_nope, q_pe = q[..., :nope], _rope(q[..., nope:], cos, sin)
     ckv = linear(x, p["wkv_a"], p.get("bkv_a"))
-    c = rms_norm(ckv[..., :cfg.kv_lora_rank], take(p["kv_a_norm"]), LATENT_NORM_EPS)
+    c = rms_norm(ckv[..., :cfg.kv_lora_rank], p["kv_a_norm"], LATENT_NORM_EPS)
     k_pe = _rope(ckv[..., None, cfg.kv_lora_rank:], cos, sin)[:, :, 0]  # [B, S, rope_dim]
-    w_kv = take(p["wkv_b"]).reshape(cfg.kv_lora_rank, heads, nope + vdim)
+    w_kv = p["wkv_b"].reshape(cfg.kv_lora_rank, heads, nope + vdim)
     scale = softmax_scale(cfg)
     if position is None:
         kv = jnp.einsum("bsr,rhd->bshd", c, w_kv, preferred_element_type=jnp.float32).astype(x.dtype)

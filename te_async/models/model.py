@@ -19,8 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import dense
-from ..stacked import LayerOf, take
-from .attention import gqa_attention
+from .attention import LayerOf, gqa_attention
 from .cache import cache_batch, cache_length, cache_shapes, init_cache
 from .config import Config
 from .ffn import swiglu_mlp
@@ -48,9 +47,9 @@ def _layer(p, cfg: Config, x, cos, sin, cache, position, window, group_sizes_mod
     """One decoder layer: (x, its cache entries, the experts its tokens chose [B*S, k] or None)."""
     attention = mla_attention if cfg.is_mla else gqa_attention
     eps = cfg.rms_norm_eps
-    a, cache = attention(p["attn"], cfg, rms_norm(x, take(p["attn_norm"]), eps), cos, sin, cache, position, window)
+    a, cache = attention(p["attn"], cfg, rms_norm(x, p["attn_norm"], eps), cos, sin, cache, position, window)
     x = x + a
-    h = rms_norm(x, take(p["mlp_norm"]), eps)
+    h = rms_norm(x, p["mlp_norm"], eps)
     if "moe" in p:
         y, chosen = moe_block(p["moe"], cfg, h, group_sizes_mode=group_sizes_mode, experts=experts,
                               return_routing=True)
@@ -71,20 +70,21 @@ def _decoder(params, cfg: Config, tokens, cache, position, group_sizes_mode, exp
     new_cache, routing = [], []
     for r, (start, n) in enumerate(layer_runs(cfg)):
 
-        def body(carry, index, window=cfg.window(start), run=params["layers"][r]):
+        def body(carry, xs, window=cfg.window(start)):
             x, stack = carry
-            p = jax.tree_util.tree_map(lambda a: LayerOf(a, index), run)
+            p, index = xs
             view = None if stack is None else {k: LayerOf(a, index) for k, a in stack.items()}
             x, view, chosen = _layer(p, cfg, x, cos, sin, view, position, window, group_sizes_mode, experts)
             return (x, None if view is None else {k: v.stack for k, v in view.items()}), chosen
 
         carry = (x, None if cache is None else cache[r])
         with jax.named_scope(scope_name(start, n)):
-            if n == 1:  # a run of one layer: inline
-                (x, stack), chosen = body(carry, 0)
+            if n == 1:  # a run of one layer: inline, its params without the layer axis (a bitcast)
+                layer = jax.tree_util.tree_map(lambda a: a.reshape(a.shape[1:]), params["layers"][r])
+                (x, stack), chosen = body(carry, (layer, 0))
                 chosen = None if chosen is None else chosen[None]
             else:
-                (x, stack), chosen = jax.lax.scan(body, carry, jnp.arange(n, dtype=jnp.int32))
+                (x, stack), chosen = jax.lax.scan(body, carry, (params["layers"][r], jnp.arange(n, dtype=jnp.int32)))
         new_cache.append(stack)
         if chosen is not None:
             routing.append(chosen)

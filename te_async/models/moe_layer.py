@@ -30,7 +30,6 @@ from .. import decode_moe
 from ..group_sizes import copy_group_sizes
 from ..mlp import activate, grouped_mlp, resolve_mlp_mode
 from ..routing import combine
-from ..stacked import layer_aval, take
 from .ffn import swiglu_mlp
 from .routing import route
 
@@ -57,14 +56,12 @@ def moe_block(p: dict, cfg, x: jax.Array, *, group_sizes_mode: Optional[str], ex
     return_routing, (output, the experts each token chose: int32 [tokens, top_k])."""
     shape = x.shape
     x = x.reshape(-1, shape[-1])
-    w_fc1, w_fc2 = p["w_fc1"], p["w_fc2"]  # arrays, or LayerOf of the stacks: the fused kernels read them in place
     with jax.named_scope("router"):
         routing, dispatch = route(x, p["router"], cfg)
     handle = mode = None
     if experts != "ragged_dot":
         mode = resolve_mlp_mode(group_sizes_mode, False, None, groups=cfg.num_experts,
-                                rows=x.shape[0] * cfg.num_experts_per_tok, w_fc1=layer_aval(w_fc1),
-                                w_fc2=layer_aval(w_fc2))
+                                rows=x.shape[0] * cfg.num_experts_per_tok, w_fc1=p["w_fc1"], w_fc2=p["w_fc2"])
         if mode == "async":
             handle = copy_group_sizes(dispatch.group_sizes)
             handle, x = jax.lax.optimization_barrier((handle, x))
@@ -73,22 +70,21 @@ def moe_block(p: dict, cfg, x: jax.Array, *, group_sizes_mode: Optional[str], ex
         with jax.named_scope("shared_experts"):
             shared = swiglu_mlp(p["shared"], x)
             if cfg.shared_expert_gate:
-                gate = jnp.dot(x, take(p["shared_gate"]), preferred_element_type=jnp.float32)
+                gate = jnp.dot(x, p["shared_gate"], preferred_element_type=jnp.float32)
                 shared = (jax.nn.sigmoid(gate) * shared.astype(jnp.float32)).astype(x.dtype)
     with jax.named_scope("routed_experts"):
-        if experts == "te_async" and decode_moe.fuses(x.shape[0], cfg.num_experts_per_tok, w_fc1, w_fc2,
+        if experts == "te_async" and decode_moe.fuses(x.shape[0], cfg.num_experts_per_tok, p["w_fc1"], p["w_fc2"],
                                                       mode=mode, activation="swiglu"):
-            y = decode_moe.fused_experts(x, routing, dispatch, w_fc1, w_fc2)
+            y = decode_moe.fused_experts(x, routing, dispatch, p["w_fc1"], p["w_fc2"])
             return _finish(y, shared, shape, routing, return_routing)
         rows = x[dispatch.token_of_row]
-        w_fc1, w_fc2 = take(w_fc1), take(w_fc2)
         if handle is not None and shared is not None:
             shared, rows = jax.lax.optimization_barrier((shared, rows))
         if experts != "ragged_dot":
-            y_rows = grouped_mlp(rows, dispatch.group_sizes, w_fc1, w_fc2, norm=None, activation="swiglu",
+            y_rows = grouped_mlp(rows, dispatch.group_sizes, p["w_fc1"], p["w_fc2"], norm=None, activation="swiglu",
                                  group_sizes_mode=mode, host_group_sizes=handle)
         else:
-            y_rows = _ragged_dot_experts(rows, dispatch.group_sizes, w_fc1, w_fc2)
+            y_rows = _ragged_dot_experts(rows, dispatch.group_sizes, p["w_fc1"], p["w_fc2"])
         y = combine(y_rows, dispatch, routing.weights)
     return _finish(y, shared, shape, routing, return_routing)
 

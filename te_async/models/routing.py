@@ -12,15 +12,11 @@ import jax.numpy as jnp
 
 from ..dense import linear
 from ..routing import route as route_logits
-from ..stacked import LayerOf, take
 
 
-def route(x: jax.Array, router, cfg) -> tuple:
-    """x [T, H], router [H, E] (or a LayerOf of a stack of them) -> (Routing(weights float32 [T, k],
-    experts int32 [T, k]), Dispatch)."""
-    if (router.stack if isinstance(router, LayerOf) else router).dtype != jnp.float32:
-        router = take(router).astype(jnp.float32)
-    logits = linear(x.astype(jnp.float32), router)
+def route(x: jax.Array, router: jax.Array, cfg) -> tuple:
+    """x [T, H], router [H, E] -> (Routing(weights float32 [T, k], experts int32 [T, k]), Dispatch)."""
+    logits = linear(x.astype(jnp.float32), router.astype(jnp.float32))
     grouped = cfg.topk_method == "group_limited_greedy"
     return route_logits(logits, cfg.num_experts_per_tok, renormalize=cfg.norm_topk_prob,
                         scaling=cfg.routed_scaling_factor, n_group=cfg.n_group if grouped else 1,
