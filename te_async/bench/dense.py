@@ -5,10 +5,13 @@ the attention projections, the router, the shared experts' fc1 and fc2) and its 
 rows (the batch of a decode step), each two ways: "te_async" (linear(..., kernel="te_async"):
 a device-mode grouped GEMM of one group, small_groups with K split across the SMs) and "xla"
 (linear(..., kernel="xla"): XLA's dot). Also "shared MLP": the shared experts' whole SwiGLU MLP
-(fc1, activation, fc2), the dense MLP the fused-decode issue names. As in a decode step, one
-call runs a lax.scan over L stacked copies of the weights (L = --layers; past L2, and read from
-a scan slice as the models read them); a GEMM's time is the call's wall clock over L. The floor
-is the weights' bytes over the HBM read bandwidth of the same run.
+(fc1, activation, fc2), the dense MLP the fused-decode issue names. One call runs the GEMM on L
+copies of the weights (L = --layers, together past L2), unrolled in one jit, so that the call is
+one CUDA graph: a GEMM's time is the call's wall clock over L, and its GPU busy time that of a
+profile of the same calls over L. A lax.scan would add a trip's fixed cost to every GEMM instead
+(about 10 us of host time, more than these GEMMs take; tools/scan_trip_probe.py), which a decode
+step whose layers keep the GPU busy longer than that hides. The floor is the weights' bytes over
+the HBM read bandwidth of the same run.
 """
 
 import jax
@@ -25,7 +28,7 @@ KERNELS = ("xla", "te_async")
 def add_arguments(p) -> None:
     presets.add_argument(p)
     p.add_argument("--rows", type=presets.positive_int, nargs="+", help="B, rows per GEMM (default: 1 2 4 8)")
-    p.add_argument("--layers", type=presets.positive_int, help="stacked weight copies per call (default: 26 on a GPU, 2 elsewhere)")
+    p.add_argument("--layers", type=presets.positive_int, help="weight copies per call (default: 26 on a GPU, 2 elsewhere)")
     p.add_argument("--reps", type=presets.positive_int, default=20, help="timing samples of 5 calls each (default: 20)")
 
 
@@ -46,9 +49,9 @@ def _shared_mlp(kernel):
     return lambda x, w_gate_up, w_down: swiglu_mlp({"w_gate_up": w_gate_up, "w_down": w_down}, x, kernel)
 
 
-def _scanned(fn):
-    """One call: fn(x, *weights of layer l) for each of the L stacked layers (a lax.scan)."""
-    return jax.jit(lambda x, *ws: jax.lax.scan(lambda c, w: (c, fn(x, *w)), 0, ws)[1])
+def _unrolled(fn):
+    """One call: fn(x, *copy) for each weight copy, unrolled (one CUDA graph, no loop)."""
+    return jax.jit(lambda x, copies: [fn(x, *c) for c in copies])
 
 
 def run(args) -> dict:
@@ -69,22 +72,25 @@ def run(args) -> dict:
         f = config.shared_intermediate_size
         cases["shared MLP"] = (config.hidden_size, [((layers, config.hidden_size, 2 * f), dtype),
                                                     ((layers, f, config.hidden_size), dtype)], _shared_mlp)
-    print(f"dense: {name}, {layers} stacked copies per call, HBM read {hbm / 1e12:.2f} TB/s, rows {rows_list}", flush=True)
+    print(f"dense: {name}, {layers} weight copies per call, HBM read {hbm / 1e12:.2f} TB/s, rows {rows_list}", flush=True)
     results = []
     for case, (k, weight_shapes, make) in cases.items():
-        weights = [jax.random.normal(key, s, d) for s, d in weight_shapes]
+        copies = [tuple(jax.random.normal(jax.random.fold_in(key, i), s[1:], d) for s, d in weight_shapes)
+                  for i in range(layers)]
         floor_s = sum(np.prod(s[1:]) * jnp.dtype(d).itemsize for s, d in weight_shapes) / hbm
         for rows in rows_list:
             x = jax.random.normal(key, (rows, k), weight_shapes[0][1])
             row = dict(gemm=case, rows=rows, k=k, shapes=[list(s[1:]) for s, _ in weight_shapes],
                        floor_us=1e6 * floor_s)
             for kern in KERNELS:
-                t = timing.time_calls(_scanned(make(kern)), [(x, *weights)], reps=args.reps).median_s / layers
-                row[f"{kern}_us"] = 1e6 * t
+                call = _unrolled(make(kern))
+                row[f"{kern}_us"] = 1e6 * timing.time_calls(call, [(x, copies)], reps=args.reps).median_s / layers
+                gpu = timing.device_times(call, [(x, copies)])
+                row[f"{kern}_gpu_us"] = None if gpu is None else 1e6 * gpu["busy_s"] / layers
             results.append(row)
             print(f"  {case:12s} B={rows:<3d} floor {row['floor_us']:7.2f} us  xla {row['xla_us']:7.2f}  "
                   f"te_async {row['te_async_us']:7.2f}", flush=True)
-        del weights
+        del copies
     table = markdown(results)
     (args.out / "dense.md").write_text(table)
     print(table)
@@ -93,12 +99,16 @@ def run(args) -> dict:
 
 
 def markdown(results) -> str:
-    """One row per GEMM and B: floor, then each kernel's µs and its ratio to the floor."""
-    lines = ["| GEMM | [K, N] | B | floor us | xla us | te_async us |", "|---|---|---|---|---|---|"]
+    """One row per GEMM and B: floor, then each kernel's wall clock and GPU busy µs, with their
+    ratios to the floor."""
+    cell = lambda us, floor: "-" if us is None else f"{us:.2f} ({us / floor:.1f}x)"
+    head = " | ".join(f"{k} us | {k} GPU us" for k in KERNELS)
+    lines = [f"| GEMM | [K, N] | B | floor us | {head} |", "|---|---|---|---|" + "---|---|" * len(KERNELS)]
     for r in results:
-        cells = [f"{r[f'{k}_us']:.2f} ({r[f'{k}_us'] / r['floor_us']:.1f}x)" for k in KERNELS]
+        cells = [cell(r[f"{k}{part}_us"], r["floor_us"]) for k in KERNELS for part in ("", "_gpu")]
         lines.append(f"| {r['gemm']} | {' + '.join(map(str, r['shapes']))} | {r['rows']} | {r['floor_us']:.2f} | "
                      + " | ".join(cells) + " |")
-    lines += ["", "Wall clock per GEMM (a scan over the stacked copies, over their count); ratio to the floor "
-              "(the weights' bytes over the measured HBM read bandwidth)."]
+    lines += ["", "Per GEMM: wall clock of one call over its weight copies (one CUDA graph), and the GPU busy "
+              "time of a profile of the same calls, each over the copies; ratio to the floor (the weights' "
+              "bytes over the measured HBM read bandwidth)."]
     return "\n".join(lines) + "\n"
