@@ -132,3 +132,33 @@ def test_attention_bench_runs_on_this_backend(tmp_path):
     assert [r["batch"] for r in result["results"]] == [1]
     assert result["results"][0]["xla_us"] > 0 and result["results"][0]["floor_us"] > 0
     assert "| 1 |" in (tmp_path / "attention.md").read_text()
+
+
+def test_results_name_the_tree_that_ran(tmp_path, monkeypatch):
+    """timing.source_commit: the tree id of the files as they are matches the commit's tree when
+    nothing changed, and changes with a file (tracked or not), while HEAD stays; TE_ASYNC_COMMIT
+    names the commit but not the tree."""
+    import shutil
+    import subprocess
+
+    from te_async.bench import timing
+
+    if shutil.which("git") is None:
+        pytest.skip("no git here")
+    git = lambda *a: subprocess.run(["git", "-C", str(tmp_path), *a], capture_output=True, text=True,
+                                    check=True).stdout.strip()
+    (tmp_path / "te_async" / "bench").mkdir(parents=True)
+    (tmp_path / "te_async" / "bench" / "timing.py").write_text("# a te_async checkout\n")
+    git("init", "-q")
+    git("add", "-A")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "c")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("TE_ASYNC_COMMIT", raising=False)
+    clean = timing.source_commit()
+    assert clean == {"commit": git("rev-parse", "HEAD"), "dirty": False, "tree": git("rev-parse", "HEAD^{tree}")}
+    (tmp_path / "new.py").write_text("x = 1\n")
+    changed = timing.source_commit()
+    assert changed["commit"] == clean["commit"] and changed["dirty"] and changed["tree"] != clean["tree"]
+    assert git("status", "--porcelain") == "?? new.py"  # the checkout's own index is untouched
+    monkeypatch.setenv("TE_ASYNC_COMMIT", "abc1234")
+    assert timing.source_commit() == {"commit": "abc1234", "dirty": None, "tree": changed["tree"]}

@@ -6,8 +6,12 @@
 # test example layer prefill train). Python runs with -P so that the installed package, not the source
 # folder, is imported. The CUTLASS kernels are built when an nvidia-cutlass wheel is carried in
 # .whl/ (the machine has no registry access; `pip download --no-deps nvidia-cutlass==4.2.0.0 -d
-# .whl`), unless WITH_CUTLASS=0. Results record the git commit of the current folder; where the
-# copy has no .git, set TE_ASYNC_COMMIT=<commit> for them. The machine returns at most 8 files,
+# .whl`), unless WITH_CUTLASS=0. Results record the git commit of the current folder and the
+# tree id of its files as they ran (te_async/bench/timing.py, source_commit): the device machine's
+# copy carries the session's first .git, so its commit can be stale, while `git rev-parse
+# <commit>^{tree}` here matches the tree of a committed state (keep scratch scripts in an
+# ignored, carried folder, or they change the tree). Where the copy has no .git, set
+# TE_ASYNC_COMMIT=<commit>. The machine returns at most 8 files,
 # so the last step packs the logs and results into $OUT/results.tgz (results_1.tgz, ... for
 # later calls into the same $OUT), beside summary.log.
 set -uo pipefail

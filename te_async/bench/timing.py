@@ -184,21 +184,38 @@ def _git(folder: str, *args: str) -> str:
 
 
 def source_commit() -> dict:
-    """{"commit", "dirty"} of the te_async source tree: TE_ASYNC_COMMIT where set (a copy without
-    .git); else the checkout holding the current directory, since the GPU machine runs an installed
-    wheel from the repository root; else the one holding this file (an editable install). A
-    checkout counts only if it is te_async's. "unknown" where none is found."""
-    if os.environ.get("TE_ASYNC_COMMIT"):
-        return {"commit": os.environ["TE_ASYNC_COMMIT"], "dirty": None}
+    """{"commit", "dirty", "tree"} of the te_async source tree. "tree" is git's id of its files as
+    they are (tracked and untracked, ignored ones left out), which `git rev-parse <commit>^{tree}`
+    matches: it names what ran even where the checkout's HEAD does not, as on the GPU machine,
+    whose copy of the working tree carries an older .git. The checkout is the one holding the
+    current directory (the GPU machine runs an installed wheel from the repository root), else
+    the one holding this file (an editable install); it counts only if it is te_async's.
+    TE_ASYNC_COMMIT, where set, names the commit (a copy without .git). "unknown" where neither
+    is found."""
+    found = {"commit": "unknown", "dirty": None, "tree": None}
     for folder in (os.getcwd(), os.path.dirname(__file__)):
         try:
             top = _git(folder, "rev-parse", "--show-toplevel")
             if os.path.exists(os.path.join(top, "te_async", "bench", "timing.py")):
-                return {"commit": _git(top, "rev-parse", "HEAD"),
-                        "dirty": bool(_git(top, "status", "--porcelain"))}  # untracked files too
+                found = {"commit": _git(top, "rev-parse", "HEAD"),
+                         "dirty": bool(_git(top, "status", "--porcelain")),  # untracked files too
+                         "tree": _tree_id(top)}
+                break
         except (OSError, subprocess.SubprocessError):
             continue
-    return {"commit": "unknown", "dirty": None}
+    if os.environ.get("TE_ASYNC_COMMIT"):
+        found.update(commit=os.environ["TE_ASYNC_COMMIT"], dirty=None)
+    return found
+
+
+def _tree_id(top: str) -> str:
+    """git's tree id of the checkout's files as they are, through a scratch index (the checkout's
+    own index and HEAD stay as they were)."""
+    with tempfile.TemporaryDirectory() as d:
+        env = {**os.environ, "GIT_INDEX_FILE": os.path.join(d, "index")}
+        subprocess.run(["git", "-C", top, "add", "-A"], env=env, capture_output=True, check=True, timeout=120)
+        return subprocess.run(["git", "-C", top, "write-tree"], env=env, capture_output=True, text=True, check=True,
+                              timeout=30).stdout.strip()
 
 
 def _gpu_driver() -> Optional[str]:
