@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds te_async on the GPU machine (no registry access: the image's jax, nanobind and
 # scikit-build-core build it), runs the GPU tests and the benchmarks, and writes logs and
-# results under $OUT. Usage: tools/gpu_check.sh [stage ...], stages: build test sanitize example
+# results under $OUT. Usage: tools/gpu_check.sh [stage ...], stages: build test sanitize sanitize-attention example
 # layer prefill train decode-gemm decode dense attention generate cmdbuf profile ncu ncu-source stall ep (default: build
 # test example layer prefill train). Python runs with -P so that the installed package, not the source
 # folder, is imported. The CUTLASS kernels are built when an nvidia-cutlass wheel is carried in
@@ -78,9 +78,17 @@ for stage in $stages; do
       # memcheck on the device-mode kernels; one cudaMalloc per buffer, so an overrun leaves it.
       run sanitize env XLA_PYTHON_CLIENT_ALLOCATOR=platform compute-sanitizer --tool memcheck --error-exitcode 99 \
         python3 -P -m pytest -q -p no:cacheprovider --rootdir=. tests/test_gpu_device_mode.py tests/test_gpu_size_errors.py \
-        tests/test_decode_moe_gpu.py tests/test_routing.py tests/test_decode_attention.py \
-        -k "odd_widths or split_k or clamped or prefill_like or (test_cutlass_kernel and 64) or (fused_matches and bfloat16) or kernel_at_its_limits or test_kernel_matches_numpy or test_kernel_without"
+        tests/test_decode_moe_gpu.py tests/test_routing.py \
+        -k "odd_widths or split_k or clamped or prefill_like or (test_cutlass_kernel and 64) or (fused_matches and bfloat16) or kernel_at_its_limits"
       tail -n 5 "$OUT/sanitize.log" ;;
+    sanitize-attention)
+      # The decode-attention kernel alone: on 2026-12-02 (H200, jax 0.11.2) the Python process died
+      # with SIGSEGV under memcheck in its first test, before any report, so it has its own stage
+      # and does not hide the other kernels' results. Unresolved.
+      run sanitize_attention env XLA_PYTHON_CLIENT_ALLOCATOR=platform compute-sanitizer --tool memcheck --error-exitcode 99 \
+        python3 -P -m pytest -q -p no:cacheprovider --rootdir=. tests/test_decode_attention.py \
+        -k "test_kernel_matches_numpy or test_kernel_without"
+      tail -n 5 "$OUT/sanitize_attention.log" ;;
     example)
       run example python3 examples/moe_decode.py --steps 20; tail -n 5 "$OUT/example.log"
       run example_generate python3 examples/generate.py; tail -n 12 "$OUT/example_generate.log" ;;
