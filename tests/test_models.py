@@ -356,11 +356,11 @@ def hf_tensors(params, config, fused):
     out = {"model.embed_tokens.weight": params["embed"], "model.norm.weight": params["final_norm"]}
     if "lm_head" in params:
         out["lm_head.weight"] = params["lm_head"]
-    names = {"wq": "q_proj", "wk": "k_proj", "wv": "v_proj", "wo": "o_proj", "wq_a": "q_a_proj", "wq_b": "q_b_proj",
-             "wkv_a": "kv_a_proj_with_mqa", "wkv_b": "kv_b_proj", "q_a_norm": "q_a_layernorm.weight",
+    names = {"wo": "o_proj", "wq_b": "q_b_proj", "wkv_b": "kv_b_proj", "q_a_norm": "q_a_layernorm.weight",
              "kv_a_norm": "kv_a_layernorm.weight", "q_norm": "q_norm.weight", "k_norm": "k_norm.weight",
              "bq": "q_proj.bias", "bk": "k_proj.bias", "bv": "v_proj.bias", "bo": "o_proj.bias",
              "bq_a": "q_a_proj.bias", "bkv_a": "kv_a_proj_with_mqa.bias"}
+    projections = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "q_a": "q_a_proj", "kv_a": "kv_a_proj_with_mqa"}
     mixtral = config.model_type == "mixtral"
 
     def mlp(prefix, p, gate="gate_proj", up="up_proj", down="down_proj"):
@@ -373,6 +373,11 @@ def hf_tensors(params, config, fused):
         out[pre + "input_layernorm.weight"] = layer["attn_norm"]
         out[pre + "post_attention_layernorm.weight"] = layer["mlp_norm"]
         for k, v in layer["attn"].items():
+            if k == "w_in":  # the input projections side by side, in input_projections' order
+                bounds = np.cumsum([0, *models.input_projections(config).values()])
+                for (name, lo, hi) in zip(models.input_projections(config), bounds, bounds[1:]):
+                    out[f"{pre}self_attn.{projections[name]}.weight"] = t(v[:, lo:hi])
+                continue
             name = names[k]
             out[f"{pre}self_attn.{name}" + ("" if "." in name else ".weight")] = v if "." in name else t(v)
         if "mlp" in layer:

@@ -26,7 +26,7 @@ from .cost import decode_bytes
 from .hf import load_hf
 from .model import decode_step, forward, generate, prefill
 from .moe_layer import EXPERTS
-from .params import init_params, layer_runs, param_shapes, per_layer, stack_layers
+from .params import init_params, input_projections, layer_runs, param_shapes, per_layer, stack_layers
 from .presets import PUBLISHED, preset
 
 __all__ = [
@@ -42,6 +42,7 @@ __all__ = [
     "generate",
     "init_cache",
     "init_params",
+    "input_projections",
     "layer_runs",
     "load_hf",
     "param_shapes",

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from .. import dense
 from ..decode_attention import attend, causal_mask, decode_attention
 from .norm import rms_norm
+from .params import input_projections
 from .rope import apply_rope
 
 
@@ -27,6 +28,21 @@ def linear(x: jax.Array, w: jax.Array, b: Optional[jax.Array] = None) -> jax.Arr
     if b is not None:
         y = y + b.astype(jnp.float32)
     return y.astype(x.dtype)
+
+
+def project_input(x: jax.Array, p: dict, cfg) -> dict:
+    """{name: x @ w (+ b)} for each of params.input_projections(cfg), in x's dtype, from one GEMM
+    over their side-by-side weights w_in (float32 accumulation; each bias, "b" + name, added in
+    float32 before the rounding, as linear() adds it): at decode sizes one small-M kernel reads
+    them all instead of one per projection."""
+    y = dense.linear(x, p["w_in"], preferred_element_type=jnp.float32)
+    out, start = {}, 0
+    for name, width in input_projections(cfg).items():
+        part, start = y[..., start:start + width], start + width
+        if f"b{name}" in p:
+            part = part + p[f"b{name}"].astype(jnp.float32)
+        out[name] = part.astype(x.dtype)
+    return out
 
 
 class LayerOf(NamedTuple):
@@ -60,9 +76,10 @@ def gqa_attention(p: dict, cfg, x: jax.Array, cos: jax.Array, sin: jax.Array, ca
                   position, window: Optional[int]) -> tuple:
     """(output [B,S,hidden], cache) for x [B,S,hidden]; see the module docstring."""
     b, s, _ = x.shape
-    q = linear(x, p["wq"], p.get("bq")).reshape(b, s, cfg.num_attention_heads, cfg.head_dim)
-    k = linear(x, p["wk"], p.get("bk")).reshape(b, s, cfg.num_key_value_heads, cfg.head_dim)
-    v = linear(x, p["wv"], p.get("bv")).reshape(b, s, cfg.num_key_value_heads, cfg.head_dim)
+    proj = project_input(x, p, cfg)
+    q = proj["q"].reshape(b, s, cfg.num_attention_heads, cfg.head_dim)
+    k = proj["k"].reshape(b, s, cfg.num_key_value_heads, cfg.head_dim)
+    v = proj["v"].reshape(b, s, cfg.num_key_value_heads, cfg.head_dim)
     if cfg.qk_norm:
         q, k = rms_norm(q, p["q_norm"], cfg.rms_norm_eps), rms_norm(k, p["k_norm"], cfg.rms_norm_eps)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)

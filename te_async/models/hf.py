@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .config import read_config
-from .params import ROUTER_DTYPE, layer_runs, param_shapes, per_layer
+from .params import ROUTER_DTYPE, input_projections, layer_runs, param_shapes, per_layer
 
 # Buffers some checkpoints carry that are derived, not learned.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -117,19 +117,24 @@ def _experts(ckpt: _Checkpoint, prefix: str, names: tuple, shapes: dict) -> dict
             "w_fc2": np.stack([m["w_down"] for m in per_expert])}
 
 
-# params.py's attention leaves -> transformers' tensor names under self_attn.
-_ATTENTION = {"wq": "q_proj.weight", "wk": "k_proj.weight", "wv": "v_proj.weight", "wo": "o_proj.weight",
-              "bq": "q_proj.bias", "bk": "k_proj.bias", "bv": "v_proj.bias", "bo": "o_proj.bias",
-              "q_norm": "q_norm.weight", "k_norm": "k_norm.weight", "wq_a": "q_a_proj.weight",
-              "bq_a": "q_a_proj.bias", "q_a_norm": "q_a_layernorm.weight", "wq_b": "q_b_proj.weight",
-              "wkv_a": "kv_a_proj_with_mqa.weight", "bkv_a": "kv_a_proj_with_mqa.bias",
-              "kv_a_norm": "kv_a_layernorm.weight", "wkv_b": "kv_b_proj.weight"}
+# params.input_projections' names -> transformers' Linear modules under self_attn (w_in's parts).
+INPUT_PROJECTIONS = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "q_a": "q_a_proj", "kv_a": "kv_a_proj_with_mqa"}
+# params.py's other attention leaves -> transformers' tensor names under self_attn.
+_ATTENTION = {"wo": "o_proj.weight", "bo": "o_proj.bias", "q_norm": "q_norm.weight", "k_norm": "k_norm.weight",
+              "q_a_norm": "q_a_layernorm.weight", "wq_b": "q_b_proj.weight", "kv_a_norm": "kv_a_layernorm.weight",
+              "wkv_b": "kv_b_proj.weight",
+              **{f"b{name}": f"{module}.bias" for name, module in INPUT_PROJECTIONS.items()}}
 
 
-def _attention(ckpt: _Checkpoint, prefix: str, shapes: dict) -> dict:
-    """Linear weights ("w*") transposed; biases and norm weights as they are."""
-    return {key: _linear(ckpt, prefix + _ATTENTION[key], shape) if key.startswith("w")
-            else ckpt.get(prefix + _ATTENTION[key], shape) for key, shape in shapes.items()}
+def _attention(ckpt: _Checkpoint, prefix: str, config, shapes: dict) -> dict:
+    """w_in from the input projections' Linear weights, side by side; the other Linear weights
+    ("w*") transposed; biases and norm weights as they are."""
+    hidden = shapes["w_in"][0]
+    out = {"w_in": np.concatenate([_linear(ckpt, f"{prefix}{INPUT_PROJECTIONS[name]}.weight", (hidden, width))
+                                   for name, width in input_projections(config).items()], axis=1)}
+    out.update({key: _linear(ckpt, prefix + _ATTENTION[key], shape) if key.startswith("w")
+                else ckpt.get(prefix + _ATTENTION[key], shape) for key, shape in shapes.items() if key != "w_in"})
+    return out
 
 
 def _moe(ckpt: _Checkpoint, prefix: str, model_type: str, shapes: dict) -> dict:
@@ -180,7 +185,7 @@ def load_hf(path, dtype=None) -> tuple:
             prefix = f"model.layers.{i}."
             layer = {"attn_norm": ckpt.get(f"{prefix}input_layernorm.weight", s["attn_norm"]),
                      "mlp_norm": ckpt.get(f"{prefix}post_attention_layernorm.weight", s["mlp_norm"]),
-                     "attn": _attention(ckpt, f"{prefix}self_attn.", s["attn"])}
+                     "attn": _attention(ckpt, f"{prefix}self_attn.", config, s["attn"])}
             if "moe" in s:
                 layer["moe"] = _moe(ckpt, prefix, config.model_type, s["moe"])
             else:

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from ..decode_attention import attend, causal_mask, decode_attention
-from .attention import linear, stacked, write
+from .attention import linear, project_input, stacked, write
 from .config import yarn_mscale
 from .norm import rms_norm
 from .rope import apply_rope, interleaved_to_half
@@ -45,13 +45,14 @@ def mla_attention(p: dict, cfg, x: jax.Array, cos: jax.Array, sin: jax.Array, ca
     """(output [B,S,hidden], cache) for x [B,S,hidden]; `position` as in attention.gqa_attention."""
     b, s, _ = x.shape
     heads, nope, rope_dim, vdim = cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
+    proj = project_input(x, p, cfg)
     if cfg.q_lora_rank is None:
-        q = linear(x, p["wq"])
+        q = proj["q"]
     else:
-        q = linear(rms_norm(linear(x, p["wq_a"], p.get("bq_a")), p["q_a_norm"], LATENT_NORM_EPS), p["wq_b"])
+        q = linear(rms_norm(proj["q_a"], p["q_a_norm"], LATENT_NORM_EPS), p["wq_b"])
     q = q.reshape(b, s, heads, nope + rope_dim)
     q_nope, q_pe = q[..., :nope], _rope(q[..., nope:], cos, sin)
-    ckv = linear(x, p["wkv_a"], p.get("bkv_a"))
+    ckv = proj["kv_a"]
     c = rms_norm(ckv[..., :cfg.kv_lora_rank], p["kv_a_norm"], LATENT_NORM_EPS)
     k_pe = _rope(ckv[..., None, cfg.kv_lora_rank:], cos, sin)[:, :, 0]  # [B, S, rope_dim]
     w_kv = p["wkv_b"].reshape(cfg.kv_lora_rank, heads, nope + vdim)

@@ -7,7 +7,10 @@ A run (layer_runs) is a maximal run of consecutive decoder layers of one structu
 one attention window); its dict holds the per-layer leaves stacked on a leading layer axis, so
 that the decoder runs it as one jax.lax.scan (DeepSeek-V2-Lite: a run of 1 dense layer, then one
 of 26 MoE layers). per_layer(params["layers"]) gives the per-layer dicts (views of the stacks),
-stack_layers the reverse. Linear weights are [in, out]. The routed experts are "w_fc1" [E,H,2F] as [gate | up] and "w_fc2"
+stack_layers the reverse. Linear weights are [in, out]. The attention's projections of its normed
+input (q, k, v; MLA's q or q_a, and kv_a) are one weight "w_in", their columns side by side in
+input_projections' order, so that one GEMM reads them (their biases stay apart: "b" + the
+projection's name). The routed experts are "w_fc1" [E,H,2F] as [gate | up] and "w_fc2"
 [E,F,H], grouped_mlp's layout. Routers are float32 whatever the model's dtype: routing decisions
 are sensitive, and DeepSeek-V2 keeps its gate in float32 (transformers' _keep_in_fp32_modules).
 """
@@ -20,25 +23,31 @@ import jax.numpy as jnp
 ROUTER_DTYPE = jnp.float32
 
 
-def _attention_shapes(c) -> dict:
-    h = c.hidden_size
+def input_projections(c) -> dict:
+    """{name: output width} of the attention's projections of its normed input, in w_in's column
+    order: grouped-query q, k, v; MLA's q (or q_a, with a q_lora_rank) and kv_a (latent and rope key)."""
     if c.is_mla:
         heads, qk = c.num_attention_heads, c.qk_nope_head_dim + c.qk_rope_head_dim
-        if c.q_lora_rank is None:
-            s = {"wq": (h, heads * qk)}
-        else:
-            s = {"wq_a": (h, c.q_lora_rank), "q_a_norm": (c.q_lora_rank,), "wq_b": (c.q_lora_rank, heads * qk)}
-            if c.qkv_bias:
-                s["bq_a"] = (c.q_lora_rank,)
-        s.update(wkv_a=(h, c.kv_lora_rank + c.qk_rope_head_dim), kv_a_norm=(c.kv_lora_rank,),
-                 wkv_b=(c.kv_lora_rank, heads * (c.qk_nope_head_dim + c.v_head_dim)), wo=(heads * c.v_head_dim, h))
-        if c.qkv_bias:
-            s["bkv_a"] = (c.kv_lora_rank + c.qk_rope_head_dim,)
+        q = {"q": heads * qk} if c.q_lora_rank is None else {"q_a": c.q_lora_rank}
+        return {**q, "kv_a": c.kv_lora_rank + c.qk_rope_head_dim}
+    kv = c.num_key_value_heads * c.head_dim
+    return {"q": c.num_attention_heads * c.head_dim, "k": kv, "v": kv}
+
+
+def _attention_shapes(c) -> dict:
+    h = c.hidden_size
+    widths = input_projections(c)
+    s = {"w_in": (h, sum(widths.values()))}
+    if c.qkv_bias:
+        s.update({f"b{name}": (width,) for name, width in widths.items() if name != "q" or not c.is_mla})
+    if c.is_mla:
+        heads, qk = c.num_attention_heads, c.qk_nope_head_dim + c.qk_rope_head_dim
+        if c.q_lora_rank is not None:
+            s.update(q_a_norm=(c.q_lora_rank,), wq_b=(c.q_lora_rank, heads * qk))
+        s.update(kv_a_norm=(c.kv_lora_rank,), wkv_b=(c.kv_lora_rank, heads * (c.qk_nope_head_dim + c.v_head_dim)),
+                 wo=(heads * c.v_head_dim, h))
     else:
-        q, kv = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
-        s = {"wq": (h, q), "wk": (h, kv), "wv": (h, kv), "wo": (q, h)}
-        if c.qkv_bias:
-            s.update(bq=(q,), bk=(kv,), bv=(kv,))
+        s["wo"] = (c.num_attention_heads * c.head_dim, h)
         if c.qk_norm:
             s.update(q_norm=(c.head_dim,), k_norm=(c.head_dim,))
     if c.o_bias:
