@@ -7,7 +7,10 @@ Inside a scan over stacked layers XLA copies each weight slice that one of its G
 the f32 product and a reduction that reads it back. te_async's device-mode grouped GEMM with a
 single group avoids both: XLA hands a scanned weight slice to a custom call in place, and the
 small_groups kernel reads each weight once, splitting K over the SMs when the columns alone would
-leave most of them idle. It stays inside the step's CUDA graph.
+leave most of them idle. It stays inside the step's CUDA graph. ("In place" is a dynamic-slice
+fusion around the call, which costs each scan trip 11-20 us of host time per such call on an
+H200, tools/scan_trip_probe.py: hidden where a layer keeps the GPU busy longer, as in the models'
+decode step; docs/benchmarks.md, "Tried and dropped: stacked weights read in place".)
 
 Measured on an H200 (2026-12-01, docs/results/2026-12-01-h200-generate/dense_probe.log): one
 GEMM [1, 2048] x [2048, 3072] in a jit of 26 (wall clock per GEMM) took 13.6 us here against

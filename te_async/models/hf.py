@@ -118,19 +118,19 @@ def _experts(ckpt: _Checkpoint, prefix: str, names: tuple, shapes: dict) -> dict
 
 
 # params.input_projections' names -> transformers' Linear modules under self_attn (w_in's parts).
-INPUT_PROJECTIONS = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "q_a": "q_a_proj", "kv_a": "kv_a_proj_with_mqa"}
+_INPUT_PROJECTIONS = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "q_a": "q_a_proj", "kv_a": "kv_a_proj_with_mqa"}
 # params.py's other attention leaves -> transformers' tensor names under self_attn.
 _ATTENTION = {"wo": "o_proj.weight", "bo": "o_proj.bias", "q_norm": "q_norm.weight", "k_norm": "k_norm.weight",
               "q_a_norm": "q_a_layernorm.weight", "wq_b": "q_b_proj.weight", "kv_a_norm": "kv_a_layernorm.weight",
               "wkv_b": "kv_b_proj.weight",
-              **{f"b{name}": f"{module}.bias" for name, module in INPUT_PROJECTIONS.items()}}
+              **{f"b{name}": f"{module}.bias" for name, module in _INPUT_PROJECTIONS.items()}}
 
 
 def _attention(ckpt: _Checkpoint, prefix: str, config, shapes: dict) -> dict:
     """w_in from the input projections' Linear weights, side by side; the other Linear weights
     ("w*") transposed; biases and norm weights as they are."""
     hidden = shapes["w_in"][0]
-    out = {"w_in": np.concatenate([_linear(ckpt, f"{prefix}{INPUT_PROJECTIONS[name]}.weight", (hidden, width))
+    out = {"w_in": np.concatenate([_linear(ckpt, f"{prefix}{_INPUT_PROJECTIONS[name]}.weight", (hidden, width))
                                    for name, width in input_projections(config).items()], axis=1)}
     out.update({key: _linear(ckpt, prefix + _ATTENTION[key], shape) if key.startswith("w")
                 else ckpt.get(prefix + _ATTENTION[key], shape) for key, shape in shapes.items() if key != "w_in"})
