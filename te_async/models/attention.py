@@ -24,24 +24,24 @@ from .rope import apply_rope
 def linear(x: jax.Array, w: jax.Array, b: Optional[jax.Array] = None) -> jax.Array:
     """x @ w (+ b) with float32 accumulation, in x's dtype; w is [in, out]. te_async.dense.linear:
     at decode sizes te_async's small-M kernel reads the weights, elsewhere XLA's GEMM."""
-    y = dense.linear(x, w, preferred_element_type=jnp.float32)
-    if b is not None:
-        y = y + b.astype(jnp.float32)
-    return y.astype(x.dtype)
+    return _add_bias(dense.linear(x, w, preferred_element_type=jnp.float32), b, x.dtype)
+
+
+def _add_bias(y: jax.Array, b: Optional[jax.Array], dtype) -> jax.Array:
+    """A float32 product plus its bias (if any) in float32, then rounded to dtype."""
+    return (y if b is None else y + b.astype(jnp.float32)).astype(dtype)
 
 
 def project_input(x: jax.Array, p: dict, cfg) -> dict:
     """{name: x @ w (+ b)} for each of params.input_projections(cfg), in x's dtype, from one GEMM
     over their side-by-side weights w_in (float32 accumulation; each bias, "b" + name, added in
-    float32 before the rounding, as linear() adds it): at decode sizes one small-M kernel reads
+    float32 before the rounding, as in linear()): at decode sizes one small-M kernel reads
     them all instead of one per projection."""
     y = dense.linear(x, p["w_in"], preferred_element_type=jnp.float32)
     out, start = {}, 0
     for name, width in input_projections(cfg).items():
-        part, start = y[..., start:start + width], start + width
-        if f"b{name}" in p:
-            part = part + p[f"b{name}"].astype(jnp.float32)
-        out[name] = part.astype(x.dtype)
+        out[name] = _add_bias(y[..., start:start + width], p.get(f"b{name}"), x.dtype)
+        start += width
     return out
 
 
