@@ -469,6 +469,11 @@ def test_load_hf_bad_directories(tmp_path, checkpoint):
     (lambda t: t.update({"model.layers.0.self_attn.kv_b_proj.weight": np.zeros((64, 15), np.float32)}),
      "model.safetensors: tensor 'model.layers.0.self_attn.kv_b_proj.weight' has shape \\(64, 15\\), "
      "the config needs \\(64, 16\\)"),
+    # the parts of w_in (the input projections side by side) are each checked and named
+    (lambda t: t.update({"model.layers.1.self_attn.kv_a_proj_with_mqa.weight": np.zeros((20, 31), np.float32)}),
+     "tensor 'model.layers.1.self_attn.kv_a_proj_with_mqa.weight' has shape \\(20, 31\\), the config needs \\(20, 32\\)"),
+    (lambda t: t.pop("model.layers.1.self_attn.q_a_proj.weight"),
+     "tensor 'model.layers.1.self_attn.q_a_proj.weight' \\(shape \\(12, 32\\)\\) is missing"),
     (lambda t: t.update({"model.layers.2.input_layernorm.weight": np.ones(32, np.float32),
                          "model.layers.1.mlp.experts.8.up_proj.weight": np.ones((16, 32), np.float32)}),
      "tensors the config.json does not account for: model.layers.1.mlp.experts.8.up_proj.weight, model.layers.2"),
