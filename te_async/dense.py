@@ -1,51 +1,98 @@
 """A dense x @ w that reads its weights near the bandwidth floor at decode sizes.
 
 At a decode step a dense layer's GEMM (attention projections, shared experts, dense MLP layers,
-routers, the LM head) has as many rows as the batch, and its time is the read of its weights.
-Inside a scan over stacked layers XLA copies each weight slice that one of its GEMMs reads
-(a memcpy per GEMM and step), and at one row it runs the GEMM as a multiply fusion that writes
-the f32 product and a reduction that reads it back. te_async's device-mode grouped GEMM with a
-single group avoids both: XLA hands a scanned weight slice to a custom call in place, and the
-small_groups kernel reads each weight once, splitting K over the SMs when the columns alone would
-leave most of them idle. It stays inside the step's CUDA graph. ("In place" is a dynamic-slice
-fusion around the call, which costs each scan trip 11-20 us of host time per such call on an
-H200, tools/scan_trip_probe.py: hidden where a layer keeps the GPU busy longer, as in the models'
-decode step; docs/benchmarks.md, "Tried and dropped: stacked weights read in place".)
+routers) has as many rows as the batch, and its time is the read of its weights. Inside a scan
+over stacked layers XLA copies each weight slice that one of its GEMMs reads (a memcpy per GEMM
+and step), and at one row it runs the GEMM as a multiply fusion that writes the f32 product and a
+reduction that reads it back. te_async's small-M kernel (csrc/cuda/dense_gemm.cc, on
+small_groups) avoids both: XLA hands a scanned weight slice to a custom call in place, and the
+kernel reads each weight once, splitting K over a thread-block cluster when the columns alone
+would leave most SMs idle, so that each GEMM is one kernel with no workspace, inside the step's
+CUDA graph. It also applies a SwiGLU MLP's activation as its second GEMM loads its input
+(swiglu_input), one kernel fewer per MLP. ("In place" is a dynamic-slice fusion around the call,
+which costs each scan trip 11-20 us of host time per such call on an H200,
+tools/scan_trip_probe.py: hidden where a layer keeps the GPU busy longer, as in the models' decode
+step; docs/benchmarks.md, "Tried and dropped: stacked weights read in place".)
 
-Measured on an H200 (2026-12-01, docs/results/2026-12-01-h200-generate/dense_probe.log): one
-GEMM [1, 2048] x [2048, 3072] in a jit of 26 (wall clock per GEMM) took 13.6 us here against
-XLA's 15.9; at 4 rows 15.1 against 13.7, and worse past that; the whole DeepSeek-V2-Lite decode
-step at batch 1 went from 5.86 to 4.62 ms. So linear() takes this path up to MAX_ROWS rows and XLA's GEMM past it.
+linear() takes this kernel up to MAX_ROWS rows ([K, N] weights only) and XLA's GEMM past it, for
+transposed weights (the LM head, where XLA's GEMM took less GPU time, table DN) and off the GPU.
+docs/benchmarks.md, table DN, has the measurements behind MAX_ROWS.
 """
 
+import functools
 import math
 
 import jax
 import jax.numpy as jnp
 
-from .gemm import grouped_gemm
+from .mlp import activate
 
 MAX_ROWS = 2  # rows up to which linear() runs te_async's small-M kernel (see the module docstring)
 KERNELS = ("auto", "te_async", "xla")
+DTYPES = ("bfloat16", "float16", "float32")  # the kernel's inputs; it writes their dtype or float32
+DENSE_GEMM = "te_async_dense_gemm"
 
 
 def linear(x: jax.Array, w: jax.Array, *, transpose_w: bool = False, preferred_element_type=None,
-           kernel: str = "auto") -> jax.Array:
+           kernel: str = "auto", swiglu_input: bool = False) -> jax.Array:
     """x [..., K] @ w [K, N] (w [N, K] with transpose_w) -> [..., N], accumulated in float32 from
     exact products (float32 inputs are not rounded to TF32) and returned in preferred_element_type
-    (default x's dtype). x and w share a dtype. kernel: "auto" (te_async's small-M kernel up to
-    MAX_ROWS rows, XLA's GEMM past them), or "te_async" or "xla" whatever the rows (to compare)."""
+    (default x's dtype). x and w share a dtype. With swiglu_input, x is [..., 2K] = [gate | up] and
+    the product reads te_async.mlp.activate(x, "swiglu") (silu(gate) * up in float32, rounded to
+    x's dtype): a SwiGLU MLP's second GEMM. kernel: "auto" (te_async's small-M kernel up to MAX_ROWS
+    rows, XLA's GEMM past them and for transpose_w), or "te_async" or "xla" whatever the rows (to
+    compare; "te_async" reads w [K, N] only)."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
-    *lead, k = x.shape
-    if w.ndim != 2 or (w.shape[1] if transpose_w else w.shape[0]) != k:
-        raise ValueError(f"linear: x {x.shape} and w {w.shape} (transpose_w={transpose_w}) do not fit")
+    if kernel == "te_async" and transpose_w:
+        raise ValueError("kernel='te_async' reads w [K, N]; transpose_w runs XLA's GEMM (kernel='auto' or 'xla')")
+    *lead, width = x.shape
+    k = width // 2 if swiglu_input else width
+    if w.ndim != 2 or (w.shape[1] if transpose_w else w.shape[0]) != k or (swiglu_input and width % 2):
+        raise ValueError(f"linear: x {x.shape} and w {w.shape} (transpose_w={transpose_w}, "
+                         f"swiglu_input={swiglu_input}) do not fit")
+    if x.dtype != w.dtype:
+        raise TypeError(f"linear: x and w must share one dtype, got {x.dtype} and {w.dtype}")
     rows, n = math.prod(lead), w.shape[0] if transpose_w else w.shape[1]
-    out_type = preferred_element_type or x.dtype
-    if kernel == "xla" or rows == 0 or (kernel == "auto" and rows > MAX_ROWS):
-        spec = "...k,nk->...n" if transpose_w else "...k,kn->...n"
-        return jnp.einsum(spec, x, w, precision=jax.lax.Precision.HIGHEST,
-                          preferred_element_type=jnp.float32).astype(out_type)
-    y = grouped_gemm(x.reshape(rows, k), w[None], jnp.full((1,), rows, jnp.int32), transpose_rhs=transpose_w,
-                     preferred_element_type=out_type, group_sizes_mode="device")
+    out_type = jnp.dtype(preferred_element_type or x.dtype)
+    runs = x.dtype.name in DTYPES and out_type in (x.dtype, jnp.float32)
+    if kernel == "te_async" and not runs:
+        raise ValueError(f"kernel='te_async' takes {DTYPES} inputs and writes their dtype or float32, "
+                         f"got {x.dtype} -> {out_type}")
+    small_m = kernel == "te_async" or (kernel == "auto" and runs and 0 < rows <= MAX_ROWS and not transpose_w)
+    if not small_m:
+        return _xla(x, w, out_type, transpose_w, swiglu_input)
+    y = _small_m(x.reshape(rows, width), w, out_type, swiglu_input)
     return y.reshape(*lead, n)
+
+
+def _xla(x, w, out_type, transpose_w=False, swiglu_input=False):
+    if swiglu_input:
+        x = activate(x, "swiglu")
+    spec = "...k,nk->...n" if transpose_w else "...k,kn->...n"
+    return jnp.einsum(spec, x, w, precision=jax.lax.Precision.HIGHEST,
+                      preferred_element_type=jnp.float32).astype(out_type)
+
+
+def _kernel(x, w, out_type, swiglu_input):
+    out = jax.ShapeDtypeStruct((x.shape[0], w.shape[1]), out_type)
+    return jax.ffi.ffi_call(DENSE_GEMM, out, vmap_method="sequential")(x, w, swiglu=swiglu_input)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _small_m(x, w, out_type, swiglu_input):
+    # The kernel where the call is lowered for a GPU; elsewhere XLA's GEMM of the same math.
+    return jax.lax.platform_dependent(x, w, cuda=functools.partial(_kernel, out_type=out_type, swiglu_input=swiglu_input),
+                                      default=functools.partial(_xla, out_type=out_type, swiglu_input=swiglu_input))
+
+
+def _small_m_fwd(x, w, out_type, swiglu_input):
+    return _small_m(x, w, out_type, swiglu_input), (x, w)
+
+
+def _small_m_bwd(out_type, swiglu_input, residuals, dy):
+    """The gradients of XLA's GEMM of the same math (decode needs none; training shapes run XLA)."""
+    return jax.vjp(functools.partial(_xla, out_type=out_type, swiglu_input=swiglu_input), *residuals)[1](dy)
+
+
+_small_m.defvjp(_small_m_fwd, _small_m_bwd)

@@ -51,6 +51,16 @@ def device_plan(groups, rows, k, n, ragged, transpose_rhs, dtype, out_dtype=None
     return plan_device_gemm(shape)
 
 
+def small_groups_slices(groups, rows, k, n, dtype, transpose_rhs=False) -> int:
+    """The K slices (one thread-block cluster) small_groups runs these shapes with on GPU 0; 1 is no split."""
+    from te_async import _ffi
+
+    major, minor = jax.devices("gpu")[0].compute_capability.split(".")
+    sms = _ffi.cuda_module().device_info(0)[1]
+    return _ffi.cuda_module().small_groups_slices(groups, rows, k, n, transpose_rhs, jnp.dtype(dtype).name,
+                                                   10 * int(major) + int(minor), sms)
+
+
 def fake_gpu_trace(annotation: str, steps: int = 3):
     """A stand-in for trace.load_events: `steps` annotated steps of two kernels with a 20 us
     bubble, as a GPU trace would show them (CPU traces have no GPU events)."""

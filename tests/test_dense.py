@@ -1,7 +1,8 @@
 """te_async.dense.linear against float64: both of its paths (te_async's small-M kernel up to
-dense.MAX_ROWS rows, XLA's GEMM past it), both weight layouts, shapes that are not
-multiples of 8, and its errors; on the GPU also the plan it runs (small_groups, K split across the
-SMs where the columns are few) and bit-identical repeated runs."""
+dense.MAX_ROWS rows, XLA's GEMM past it and for transposed weights), the SwiGLU input, shapes that
+are not multiples of 8, and its errors; on the GPU the kernel itself at 1 to 11 rows (K split over
+a thread-block cluster where the columns are few), every dtype it takes, NaN-poisoned outputs
+under gpu_check.sh, bit-identical repeated runs, and its gradients."""
 
 import jax
 import jax.numpy as jnp
@@ -9,33 +10,40 @@ import numpy as np
 import pytest
 
 from te_async import dense
-from helpers import TOL, device_plan, on_gpu
+from helpers import TOL, on_gpu, small_groups_slices
 from reference import rel_error
 
 LIMIT = dense.MAX_ROWS
 
 
-def operands(rng, lead, k, n, dtype, transpose_w):
-    x = jnp.asarray(rng.standard_normal((*lead, k)), dtype)
+def operands(rng, lead, k, n, dtype, transpose_w=False, swiglu_input=False):
+    x = jnp.asarray(rng.standard_normal((*lead, 2 * k if swiglu_input else k)), dtype)
     w = jnp.asarray(rng.standard_normal((n, k) if transpose_w else (k, n)) / np.sqrt(k), dtype)
     return x, w
 
 
-def reference(x, w, transpose_w):
+def reference(x, w, transpose_w=False, swiglu_input=False):
+    """float64 product; the SwiGLU input rounded to x's dtype first, as the model's activation is."""
+    x64 = np.asarray(x, np.float64)
+    if swiglu_input:
+        gate, up = np.split(x64, 2, axis=-1)
+        x64 = np.asarray(jnp.asarray(gate / (1 + np.exp(-gate)) * up, jnp.float32).astype(x.dtype), np.float64)
     w64 = np.asarray(w, np.float64)
-    return np.asarray(x, np.float64) @ (w64.T if transpose_w else w64)
+    return x64 @ (w64.T if transpose_w else w64)
 
 
 @pytest.mark.parametrize("lead", [(1,), (3, 1), (2, 5), (LIMIT,), (LIMIT + 1,), (4, 10)])
-@pytest.mark.parametrize("transpose_w", [False, True])
+@pytest.mark.parametrize("transpose_w,swiglu_input", [(False, False), (True, False), (False, True)])
 @pytest.mark.parametrize("dtype,out", [(jnp.float32, None), (jnp.bfloat16, None), (jnp.bfloat16, jnp.float32)])
-def test_linear_values(rng, lead, transpose_w, dtype, out):
+def test_linear_values(rng, lead, transpose_w, swiglu_input, dtype, out):
     k, n = int(rng.integers(1, 300)), int(rng.integers(1, 300))
-    x, w = operands(rng, lead, k, n, dtype, transpose_w)
-    for kernel in dense.KERNELS:
-        y = jax.jit(lambda x, w: dense.linear(x, w, transpose_w=transpose_w, preferred_element_type=out, kernel=kernel))(x, w)
+    x, w = operands(rng, lead, k, n, dtype, transpose_w, swiglu_input)
+    for kernel in ("auto", "xla") if transpose_w else dense.KERNELS:
+        f = lambda x, w: dense.linear(x, w, transpose_w=transpose_w, preferred_element_type=out, kernel=kernel,
+                                      swiglu_input=swiglu_input)
+        y = jax.jit(f)(x, w)
         assert y.shape == (*lead, n) and y.dtype == jnp.dtype(out or dtype)
-        assert rel_error(y, reference(x, w, transpose_w)) < TOL[out or dtype], (lead, k, n, kernel)
+        assert rel_error(y, reference(x, w, transpose_w, swiglu_input)) < TOL[out or dtype], (lead, k, n, kernel)
 
 
 def test_linear_errors():
@@ -44,23 +52,57 @@ def test_linear_errors():
         dense.linear(x, jnp.zeros((9, 4), jnp.float32))
     with pytest.raises(ValueError, match="do not fit"):
         dense.linear(x, jnp.zeros((4, 9), jnp.float32), transpose_w=True)
+    with pytest.raises(ValueError, match="do not fit"):  # swiglu_input halves x's width
+        dense.linear(x, jnp.zeros((8, 4), jnp.float32), swiglu_input=True)
+    with pytest.raises(ValueError, match="do not fit"):
+        dense.linear(jnp.zeros((2, 7), jnp.float32), jnp.zeros((3, 4), jnp.float32), swiglu_input=True)
     with pytest.raises(TypeError, match="share one dtype"):
         dense.linear(x, jnp.zeros((8, 4), jnp.bfloat16))
     with pytest.raises(ValueError, match="kernel must be one of"):
         dense.linear(x, jnp.zeros((8, 4), jnp.float32), kernel="cublas")
+    with pytest.raises(ValueError, match="reads w \\[K, N\\]"):
+        dense.linear(x, jnp.zeros((4, 8), jnp.float32), transpose_w=True, kernel="te_async")
+    with pytest.raises(ValueError, match="writes their dtype or float32"):
+        dense.linear(x.astype(jnp.bfloat16), jnp.zeros((8, 4), jnp.bfloat16), preferred_element_type=jnp.float16,
+                     kernel="te_async")
+
+
+def test_linear_gradients(rng):
+    """The small-M path's gradients are XLA's GEMM's (a custom_vjp), with the SwiGLU input too."""
+    x, w = operands(rng, (2,), 37, 19, jnp.float32, swiglu_input=True)
+    loss = lambda kernel: lambda x, w: jnp.sum(dense.linear(x, w, kernel=kernel, swiglu_input=True) ** 2)
+    got = jax.grad(loss("te_async"), argnums=(0, 1))(x, w)
+    want = jax.grad(loss("xla"), argnums=(0, 1))(x, w)
+    for g, r in zip(got, want):
+        np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("rows,k,n,transpose_w", [(1, 2048, 576, False), (1, 2816, 2048, False), (LIMIT, 2048, 5632, False),
-                                                  (LIMIT, 1000, 37, False), (1, 2048, 3000, True)])
-def test_linear_gpu(rng, rows, k, n, transpose_w):
-    """DeepSeek-V2-Lite's decode GEMMs (and odd ones) run small_groups (the [K, N] ones with K split
-    across the SMs); NaN-poisoned outputs under gpu_check.sh."""
-    x, w = operands(rng, (rows,), k, n, jnp.bfloat16, transpose_w)
-    p = device_plan(1, rows, k, n, "m", transpose_w, jnp.bfloat16, jnp.float32)
-    assert p.kernel == "small_groups", p
-    f = jax.jit(lambda x, w: dense.linear(x, w, transpose_w=transpose_w, preferred_element_type=jnp.float32))
-    x, w = on_gpu(x), on_gpu(w)
-    y = np.asarray(f(x, w))
-    assert rel_error(y, reference(x, w, transpose_w)) < TOL[jnp.float32] * 10
-    assert np.array_equal(y, np.asarray(f(x, w))), "split-K sums must not depend on the run"
+@pytest.mark.parametrize("rows,k,n,dtype,out,swiglu_input", [
+    (1, 2048, 576, jnp.bfloat16, jnp.float32, False),     # DeepSeek-V2-Lite's kv_a: K split 8 ways
+    (1, 2048, 3648, jnp.bfloat16, jnp.float32, False),    # its input projections, one GEMM
+    (1, 2816, 2048, jnp.bfloat16, None, True),            # its shared experts' fc2, swiglu fused
+    (2, 2048, 5632, jnp.bfloat16, None, False),           # their fc1
+    (1, 2048, 64, jnp.float32, None, False),              # the router
+    (3, 1000, 37, jnp.bfloat16, None, False),             # unaligned N: the scalar path
+    (5, 1001, 300, jnp.float16, jnp.float32, True),       # K not a multiple of the slice granule
+    (8, 4096, 96, jnp.bfloat16, None, False),
+    (11, 700, 264, jnp.float32, None, True),              # two row chunks
+    (1, 64, 4100, jnp.bfloat16, None, False),             # many column tiles, no split
+])
+def test_kernel_gpu(rng, rows, k, n, dtype, out, swiglu_input):
+    x, w = operands(rng, (rows,), k, n, dtype, swiglu_input=swiglu_input)
+    f = jax.jit(lambda x, w: dense.linear(x, w, preferred_element_type=out, kernel="te_async", swiglu_input=swiglu_input))
+    assert "te_async_dense_gemm" in f.lower(on_gpu(x), on_gpu(w)).as_text()
+    y = np.asarray(f(on_gpu(x), on_gpu(w)), np.float64)
+    assert rel_error(y, reference(x, w, swiglu_input=swiglu_input)) < TOL[out or dtype] * (10 if out else 1), (rows, k, n)
+    assert np.array_equal(y, np.asarray(f(on_gpu(x), on_gpu(w)), np.float64)), "slice sums must not depend on the run"
+
+
+@pytest.mark.gpu
+def test_kernel_splits_small_n():
+    """Where the column tiles are few, K is split over a cluster (Hopper and up)."""
+    if float(jax.devices("gpu")[0].compute_capability) < 9.0:
+        pytest.skip("thread-block clusters need compute capability 9.0")
+    assert small_groups_slices(1, 1, 2048, 576, jnp.bfloat16) == 8
+    assert small_groups_slices(1, 1, 64, 4100, jnp.bfloat16) == 1

@@ -23,11 +23,13 @@ struct DeviceGemm {
   GroupedGemmShape s;
   const void* lhs = nullptr;
   const void* rhs = nullptr;
-  const int32_t* group_sizes = nullptr;  // [G], device memory
+  const int32_t* group_sizes = nullptr;  // [G], device memory; small_groups only: nullptr = one group of all rows
+  //                                        (a dense GEMM, dense_gemm.cc; G must be 1)
   void* out = nullptr;
   void* workspace = nullptr;  // the plan's workspace_bytes, 256-byte aligned, device memory
   size_t workspace_bytes = 0;
   int sm_count = 0;
+  int compute_capability = 0;  // major * 10 + minor
   unsigned long long* clamped_calls = nullptr;  // DeviceCounters::clamped_calls of this device
   // Portable kernel only: when set, the kernel runs only if *run_if != 0 (the host-sized path's
   // repair of a stale pinned read, host_sizes_guard.h), else every block exits at once.
@@ -37,9 +39,10 @@ struct DeviceGemm {
 // Each launcher enqueues on `stream` only (kernels, cudaMemsetAsync), checks every CUDA return
 // code and the launch error, and returns an FFI error naming the failure. The handler has checked
 // the shape (CheckGroupedGemm) and the plan before.
-// The decode MoE block's fusion into small_groups ([G,K,N] rhs, K never split; expert_gemm.cc):
+// What small_groups fuses ([G,K,N] rhs only). The decode MoE block (expert_gemm.cc; K never split):
 // the routing kernel's choice_of_row (moe_routing.cu) says where each sorted row comes from and
 // goes to, so that no permutation is materialised, and fc2 applies fc1's activation as it loads.
+// A dense MLP's second GEMM (dense_gemm.cc): the swiglu prologue alone.
 inline constexpr int64_t kSmallGroupsFusedMaxRows = 512;  // M of a fused call: its row table is in shared memory
 struct SmallGroupsFusion {
   const int32_t* choice_of_row = nullptr;  // [M], a permutation of [0, M); nullptr: no fusion
@@ -47,18 +50,19 @@ struct SmallGroupsFusion {
   int gather_div = 0;    // > 0: lhs has M / gather_div rows; row r reads lhs row choice_of_row[r] / gather_div
   bool scatter = false;  // row r is written to out row choice_of_row[r], times choice_weights[choice_of_row[r]]
   bool swiglu = false;   // lhs is [rows, 2K]: the GEMM reads silu(lhs[:, :K]) * lhs[:, K:], rounded to lhs's dtype
+  //                        (with choice_of_row: float32 output only)
   bool on() const { return choice_of_row != nullptr || swiglu; }
 };
 xla::ffi::Error LaunchSmallGroups(const DeviceGemm& g, cudaStream_t stream,
                                   const SmallGroupsFusion& fusion = {});  // small_group_gemm.cu
-// How small_groups splits K for a shape on a GPU of sm_count SMs (small_group_gemm.cu says why):
-// slices of slice_k k-rows, and the workspace the partial sums need (0 when slices == 1).
+// How small_groups splits K for a shape on a GPU (small_group_gemm.cu says why): slices of slice_k
+// k-rows, added by the thread-block cluster of an item's slices (compute capability 9.0 and up; no
+// workspace).
 struct SmallGroupsSplitK {
   int slices = 1;
   int slice_k = 0;
-  size_t workspace_bytes = 0;
 };
-SmallGroupsSplitK PlanSmallGroupsSplitK(const GroupedGemmShape& s, int sm_count);
+SmallGroupsSplitK PlanSmallGroupsSplitK(const GroupedGemmShape& s, int compute_capability, int sm_count);
 xla::ffi::Error LaunchPortable(const DeviceGemm& g, cudaStream_t stream);     // portable_grouped_gemm.cu
 // CUTLASS sm90a ptr-array grouped GEMM (cutlass_grouped_gemm*.cu) with the named config, built
 // when the CUTLASS headers are found (TE_ASYNC_HAVE_CUTLASS).

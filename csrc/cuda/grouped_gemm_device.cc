@@ -41,6 +41,7 @@ DeviceGemm DeviceGemmOf(const GroupedGemmShape& s, ffi::AnyBuffer lhs, ffi::AnyB
   g.group_sizes = static_cast<const int32_t*>(group_sizes.untyped_data());
   g.out = out;
   g.sm_count = info.sm_count;
+  g.compute_capability = info.compute_capability;
   g.clamped_calls = clamped_calls;
   return g;
 }
@@ -49,9 +50,6 @@ ffi::ErrorOr<DevicePlan> PlanDeviceGemm(const GroupedGemmShape& s, const DeviceI
                                         const PlanSettings& settings) {
   DevicePlan plan;
   plan.kernel = ChooseDeviceKernel(s, info.compute_capability, CutlassBuilt(), settings.small_groups_max_rows);
-  if (plan.kernel == DeviceKernel::kSmallGroups) {
-    plan.workspace_bytes = PlanSmallGroupsSplitK(s, info.sm_count).workspace_bytes;
-  }
 #ifdef TE_ASYNC_HAVE_CUTLASS
   if (plan.kernel == DeviceKernel::kCutlassSm90) {
     auto config = CutlassSm90Config(s, settings.cutlass_config);
@@ -75,7 +73,6 @@ ffi::Error CheckPlanFits(const GroupedGemmShape& s, const DeviceInfo& info, Devi
   switch (kernel) {
     case DeviceKernel::kSmallGroups:
       if (s.ragged_k) return unfit("small_groups runs ragged m only");
-      need = PlanSmallGroupsSplitK(s, info.sm_count).workspace_bytes;
       break;
     case DeviceKernel::kCutlassSm90:
 #ifdef TE_ASYNC_HAVE_CUTLASS

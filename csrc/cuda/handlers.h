@@ -8,6 +8,7 @@ namespace te_async {
 XLA_FFI_DECLARE_HANDLER_SYMBOL(kCopyGroupSizesCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(kGroupedGemmCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(kGroupedGemmDeviceCuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(kDenseGemmCuda);   // dense_gemm.cc
 XLA_FFI_DECLARE_HANDLER_SYMBOL(kExpertGemmCuda);  // expert_gemm.cc
 XLA_FFI_DECLARE_HANDLER_SYMBOL(kRouteCuda);       // moe_routing.cu
 XLA_FFI_DECLARE_HANDLER_SYMBOL(kDecodeAttentionCuda);  // decode_attention.cu

@@ -27,6 +27,7 @@ NB_MODULE(_te_async_cuda, m) {
     d["te_async_copy_group_sizes"] = te_async::EncapsulateFfiHandler(te_async::kCopyGroupSizesCuda);
     d["te_async_grouped_gemm"] = te_async::EncapsulateFfiHandler(te_async::kGroupedGemmCuda);
     d["te_async_grouped_gemm_device"] = te_async::EncapsulateFfiHandler(te_async::kGroupedGemmDeviceCuda);
+    d["te_async_dense_gemm"] = te_async::EncapsulateFfiHandler(te_async::kDenseGemmCuda);
     d["te_async_expert_gemm"] = te_async::EncapsulateFfiHandler(te_async::kExpertGemmCuda);
     d["te_async_route"] = te_async::EncapsulateFfiHandler(te_async::kRouteCuda);
     d["te_async_decode_attention"] = te_async::EncapsulateFfiHandler(te_async::kDecodeAttentionCuda);
@@ -79,6 +80,17 @@ NB_MODULE(_te_async_cuda, m) {
       nb::arg("groups"), nb::arg("rows"), nb::arg("k"), nb::arg("n"), nb::arg("ragged_k"), nb::arg("transpose_rhs"),
       nb::arg("in_dtype"), nb::arg("out_dtype"), nb::arg("compute_capability"), nb::arg("sm_count"),
       nb::arg("small_groups_max_rows"), nb::arg("cutlass_config"));
+  // How many K slices (one thread-block cluster) small_groups runs a shape's items with: 1 is no split.
+  m.def(
+      "small_groups_slices",
+      [](int64_t groups, int64_t rows, int64_t k, int64_t n, bool transpose_rhs, const std::string& dtype,
+         int compute_capability, int sm_count) {
+        const te_async::GroupedGemmShape s =
+            te_async::ShapeFromStatic(groups, rows, k, n, false, transpose_rhs, dtype, dtype);
+        return te_async::PlanSmallGroupsSplitK(s, compute_capability, sm_count).slices;
+      },
+      nb::arg("groups"), nb::arg("rows"), nb::arg("k"), nb::arg("n"), nb::arg("transpose_rhs"), nb::arg("dtype"),
+      nb::arg("compute_capability"), nb::arg("sm_count"));
   m.attr("CUTLASS_BUILT") = te_async::CutlassBuilt();
   m.attr("ROUTE_MAX_EXPERTS") = te_async::kRouteMaxExperts;
   m.attr("ROUTE_MAX_CHOICES") = te_async::kRouteMaxChoices;

@@ -4,7 +4,7 @@
 // active experts' weights. Each active expert's weights are read from HBM once (a group with more
 // than kChunkRows rows re-reads them per row chunk, from L2, at about the same time); an inactive
 // expert's weights are never touched. f32 accumulation in registers, no atomics, no host
-// synchronisation; one launch, and no workspace, unless K is split (below).
+// synchronisation; one launch, no workspace (K split over a thread-block cluster where it pays, below).
 //
 // Exported rules (host side, LaunchSmallGroups):
 //   R (rows per work item)  = kChunkRows = 8, fixed. A group's rows are cut into chunks of up to 8;
@@ -45,18 +45,26 @@
 //   vectors, 512 contiguous bytes per warp and column; 2 k-vectors per column per iteration for
 //   <= 4 rows, 1 otherwise), activation vectors come from L1, and the 32 lanes' partial sums are
 //   reduced by a padded shared-memory transpose. Warps take items independently (no barriers).
-// Split K ([G,K,N]). Where the items (column tiles x row chunks, at most MaxChunks chunks) are
-//   fewer than the SMs, as in a dense GEMM of a few rows (one group: N = 576 gives 9 items), the
-//   weights would be read by a few SMs only. PlanSmallGroupsSplitK then cuts K into slices (a
-//   multiple of 256 k-rows) so that about 2 items run per SM; an item writes its f32 sums to the
-//   workspace, partial[slice][row][col], and SumSlicesKernel adds the slices in order into `out`
-//   (deterministic, no atomics). The plan's workspace (te_async/plan.py) is that partial array.
+// Split K ([G,K,N], no row table). Where the items (column tiles x row chunks, at most MaxChunks
+//   chunks) are fewer than the SMs, as in a dense GEMM of a few rows (one group: N = 576 gives 9
+//   items), the weights would be read by a few SMs only. PlanSmallGroupsSplitK then cuts K into S
+//   slices (a multiple of 256 k-rows, S <= kMaxSlices) so that about 2 blocks run per SM, and the
+//   kernel is launched in thread-block clusters of S blocks (Hopper, compute capability 9.0 and
+//   up; elsewhere S = 1): the blocks of a cluster take the S slices of the same item, leave their
+//   f32 sums in shared memory, and each block then adds a share of the outputs over the S blocks'
+//   shared memory (distributed shared memory), in slice order: deterministic, no atomics, no
+//   workspace, no second kernel. Clusters stride over the items together, so their barriers meet.
+// Dense calls (group_sizes == nullptr, dense_gemm.cc): one group of all rows, with no load of the
+//   sizes before the weights' first loads.
 // Scalar paths (K or N not a multiple of the 16-byte vector, or misaligned pointers) use the same
 // mapping with element loads and bounds checks; they exist for correctness, not speed.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cooperative_groups.h>
+
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <string>
@@ -82,6 +90,7 @@ constexpr int kMaxG = static_cast<int>(kMaxGroups);
 constexpr int kNkCols = 4;             // output columns per warp item ([G,N,K] kernel)
 constexpr int kNkLd = 33;              // padded row of the per-warp transpose buffer
 constexpr int kSplitKGranule = 256;    // a K slice is a multiple of every kStep (32 * U k-rows)
+constexpr int kMaxSlices = 8;          // K slices of an item: the portable thread-block cluster size
 constexpr int kFusedMaxRows = static_cast<int>(kSmallGroupsFusedMaxRows);
 
 // ---- element helpers -----------------------------------------------------------------------
@@ -210,11 +219,10 @@ struct Args {
   int rows;
   int k;
   int n;
-  // Split K ([G,K,N] only, SmallGroupsSplitK): each item covers k-rows [slice * slice_k, ...) and
-  // writes f32 partial sums to partial[slice][row][n]; SumSlicesKernel adds them in slice order.
+  // Split K ([G,K,N] only, SmallGroupsSplitK): block `slice` of a cluster of `slices` covers k-rows
+  // [slice * slice_k, ...) of its item; the cluster adds the slices (SumClusterSlices).
   int slices;
   int slice_k;
-  float* partial;
   // Fusion (SmallGroupsFusion, device_gemm.h): lhs row stride, and the row table's inputs.
   int lhs_ld;
   const int32_t* choice_of_row;  // nullptr: row r reads lhs row r and writes out row r
@@ -232,7 +240,11 @@ struct RowTable {
   float scale[kFusedMaxRows];
 };
 
-enum class Fuse { kNone, kRows, kRowsSwiglu };  // the row table; and fc1's swiglu in the prologue
+// What a call fuses: the row table (gather and scatter), and swiglu in the prologue (lhs is
+// [rows, 2K]; the routed experts' fc2 with the table, a dense MLP's second GEMM without).
+enum class Fuse { kNone, kRows, kRowsSwiglu, kSwiglu };
+constexpr bool MapsRows(Fuse f) { return f == Fuse::kRows || f == Fuse::kRowsSwiglu; }
+constexpr bool Swiglu(Fuse f) { return f == Fuse::kRowsSwiglu || f == Fuse::kSwiglu; }
 
 // All threads; PrepareChunks' barriers publish the table.
 __device__ __forceinline__ void LoadRowTable(const Args& a, RowTable& t) {
@@ -249,7 +261,7 @@ __device__ __forceinline__ void LoadRowTable(const Args& a, RowTable& t) {
 // itself unless fused.
 template <Fuse F>
 __device__ __forceinline__ int MappedRow(const short* map, int row) {
-  if constexpr (F == Fuse::kNone) {
+  if constexpr (!MapsRows(F)) {
     return row;
   } else {
     return map[row];
@@ -264,6 +276,16 @@ struct ChunkTables {
 // All threads of the block; `cnt` is kMaxG + 1 ints of shared scratch (chunks per group, [G] =
 // chunks of the zero rows past the total), free again on return. Returns the total row chunks.
 __device__ __forceinline__ int PrepareChunks(const Args& a, ChunkTables& t, int* cnt) {
+  if (a.sizes == nullptr) {  // dense: one group of all rows, nothing to load
+    if (threadIdx.x == 0) {
+      t.offs[0] = 0;
+      t.offs[1] = a.rows;
+      t.coff[0] = 0;
+      t.coff[1] = t.coff[2] = (a.rows + kChunkRows - 1) / kChunkRows;
+    }
+    __syncthreads();
+    return t.coff[2];
+  }
   LoadGroupOffsets<kThreads>(a.sizes, a.groups, a.rows, t.offs, a.clamped_calls);
   for (int g = threadIdx.x; g <= a.groups; g += kThreads) {
     const int end = g < a.groups ? t.offs[g + 1] : a.rows;
@@ -324,13 +346,14 @@ struct KnShared {
   // Activations of the current chunk as f32 [k - k0][8] for kStageK k-rows; after the K loop, the
   // per-warp partial sums ([warp][flat][cx], at most kWarps * 8 * 8 * 8 floats).
   __align__(16) float buf[kStageK * kChunkRows];
+  float slice_sums[kChunkRows * 8 * Elem<T>::kVec];  // split K: this slice's sums of the item, [row][col]
 };
 
 // One activation: lhs[k], or with Fuse::kRowsSwiglu silu(lhs[k]) * lhs[K + k] rounded to T, as
 // te_async.mlp.activate computes it (f32, then the input dtype).
 template <typename T, Fuse F>
 __device__ __forceinline__ float LoadActivation(const T* row, int K, int k) {
-  if constexpr (F == Fuse::kRowsSwiglu) {
+  if constexpr (Swiglu(F)) {
     const float g = LoadFloat(row + k), u = LoadFloat(row + K + k);
     return ToFloat(FromFloat<T>(g / (1.f + expf(-g)) * u));
   } else {
@@ -422,6 +445,29 @@ __device__ __forceinline__ void KnStep(int it, const T* lhs, int ld, const RowTa
   }
 }
 
+// Split K: out rows row0.. (kCount = rows x kTile values of the item) = the sum over the cluster's
+// blocks, in slice order, of their `sums`; each block adds and writes a share of the values. All
+// threads of every block of the cluster call it for the same item.
+template <typename TO, int kCount, int kTile>
+__device__ __forceinline__ void SumClusterSlices(const Args& a, int row0, int n0, float* sums) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync();  // every slice's sums are in its shared memory
+  const int per = (kCount + a.slices - 1) / a.slices, begin = static_cast<int>(cluster.block_rank()) * per;
+  const int end = min(kCount, begin + per);
+  for (int o = begin + threadIdx.x; o < end; o += kThreads) {
+    float s = 0.f;
+    for (int q = 0; q < a.slices; ++q) s += cluster.map_shared_rank(sums, q)[o];
+    const int r = o / kTile, c = o % kTile;
+    if (n0 + c < a.n) static_cast<TO*>(a.out)[static_cast<long long>(row0 + r) * a.n + n0 + c] = FromFloat<TO>(s);
+  }
+  cluster.sync();  // no block leaves, or overwrites its sums, while another still reads them
+#else
+  __trap();  // PlanSmallGroupsSplitK never splits below compute capability 9.0
+#endif
+}
+
 template <typename T, typename TO, bool kVec, bool kSplit, Fuse F, int RR>
 __device__ __forceinline__ void KnItem(const Args& a, const Chunk& ch, int n0, int slice, KnShared<T>& sh) {
   constexpr int V = Elem<T>::kVec;
@@ -497,17 +543,20 @@ __device__ __forceinline__ void KnItem(const Args& a, const Chunk& ch, int n0, i
     float s = 0.f;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) s += sh.buf[(w * NV + flat) * 8 + ocx];
+    if constexpr (kSplit) {
+      sh.slice_sums[o] = s;
+      continue;
+    }
     const int dst = MappedRow<F>(sh.rows.dst, ch.row0 + r);
     if (n0 + c >= N || dst < 0) continue;
     const long long at = static_cast<long long>(dst) * N + n0 + c;
-    if constexpr (kSplit) {  // never fused: dst is the row itself
-      a.partial[static_cast<long long>(slice) * a.rows * N + at] = s;
-    } else if constexpr (F != Fuse::kNone) {
+    if constexpr (MapsRows(F)) {
       out[at] = FromFloat<TO>(s * sh.rows.scale[ch.row0 + r]);
     } else {
       out[at] = FromFloat<TO>(s);
     }
   }
+  if constexpr (kSplit) SumClusterSlices<TO, RR * kTile, kTile>(a, ch.row0, n0, sh.slice_sums);
   // The next item's first write to buf follows a __syncthreads (staging or reduction).
 }
 
@@ -515,46 +564,33 @@ template <typename T, typename TO, bool kVec, bool kSplit, Fuse F>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm) SmallGroupsKnKernel(Args a) {
   constexpr int kTile = 8 * Elem<T>::kVec;
   __shared__ KnShared<T> sh;
-  if constexpr (F != Fuse::kNone) LoadRowTable(a, sh.rows);
+  if constexpr (MapsRows(F)) LoadRowTable(a, sh.rows);
   static_assert(sizeof(sh.buf) >= (kMaxG + 1) * sizeof(int), "buf holds PrepareChunks' scratch");
   const int chunks = PrepareChunks(a, sh.tables, reinterpret_cast<int*>(sh.buf));
   const int tiles = (a.n + kTile - 1) / kTile;
-  const int per_tile = kSplit ? chunks * a.slices : chunks;
-  const int items = tiles * per_tile;  // < 2^31: checked on the host
-  // item -> (tile, slice, chunk), chunk fastest: the row chunks of one group share weights.
+  const int items = tiles * chunks;  // < 2^31: checked on the host
+  // Split K: a cluster of a.slices blocks (rank = slice) per item, clusters striding together.
+  const int slice = kSplit ? static_cast<int>(blockIdx.x) % a.slices : 0;
+  const int first = kSplit ? static_cast<int>(blockIdx.x) / a.slices : static_cast<int>(blockIdx.x);
+  const int stride = kSplit ? static_cast<int>(gridDim.x) / a.slices : static_cast<int>(gridDim.x);
+  // item -> (tile, chunk), chunk fastest: the row chunks of one group share weights.
 #pragma unroll 1
-  for (int item = blockIdx.x; item < items; item += gridDim.x) {
-    const int tile = item / per_tile, slice = kSplit ? item % per_tile / chunks : 0;
+  for (int item = first; item < items; item += stride) {
+    const int tile = item / chunks;
     const Chunk ch = FindChunk(a, sh.tables, item % chunks);
     const int n0 = tile * kTile;
-    if (ch.group == a.groups) {  // rows past the clamped total: zeros (every slice's partial)
+    if (ch.group == a.groups) {  // rows past the clamped total: zeros (by one slice; the cluster skips alike)
+      if (slice != 0) continue;
       for (int o = threadIdx.x; o < ch.rows * kTile; o += kThreads) {
         const int r = o / kTile, c = o % kTile, dst = MappedRow<F>(sh.rows.dst, ch.row0 + r);
         if (n0 + c >= a.n || dst < 0) continue;
-        const long long at = static_cast<long long>(dst) * a.n + n0 + c;
-        if (kSplit) {
-          a.partial[static_cast<long long>(slice) * a.rows * a.n + at] = 0.f;
-        } else {
-          static_cast<TO*>(a.out)[at] = FromFloat<TO>(0.f);
-        }
+        static_cast<TO*>(a.out)[static_cast<long long>(dst) * a.n + n0 + c] = FromFloat<TO>(0.f);
       }
       continue;
     }
     WithRowCount(ch.rows, [&](auto rr) {
       KnItem<T, TO, kVec, kSplit, F, decltype(rr)::value>(a, ch, n0, slice, sh);
     });
-  }
-}
-
-// out[i] = sum over s of partial[s][i], s in order: the split-K items' sums, deterministic.
-template <typename TO>
-__global__ void __launch_bounds__(kThreads) SumSlicesKernel(const float* __restrict__ partial, int slices,
-                                                            long long count, TO* __restrict__ out) {
-  for (long long i = blockIdx.x * static_cast<long long>(kThreads) + threadIdx.x; i < count;
-       i += static_cast<long long>(gridDim.x) * kThreads) {
-    float s = 0.f;
-    for (int k = 0; k < slices; ++k) s += partial[k * count + i];
-    out[i] = FromFloat<TO>(s);
   }
 }
 
@@ -728,34 +764,58 @@ long long KnTiles(const GroupedGemmShape& s) {
 
 }  // namespace
 
-SmallGroupsSplitK PlanSmallGroupsSplitK(const GroupedGemmShape& s, int sm_count) {
+SmallGroupsSplitK PlanSmallGroupsSplitK(const GroupedGemmShape& s, int compute_capability, int sm_count) {
   SmallGroupsSplitK split;
   const long long items = KnTiles(s) * MaxChunks(s.groups, s.rows);
-  if (s.transpose_rhs || s.ragged_k || s.rows <= 0 || s.n <= 0 || items >= sm_count) return split;
+  if (compute_capability < 90 || s.transpose_rhs || s.ragged_k || s.rows <= 0 || s.n <= 0 || items >= sm_count) {
+    return split;
+  }
   const long long want = (static_cast<long long>(kBlocksPerSm) * sm_count + items - 1) / items;
   const long long most = (s.k + kSplitKGranule - 1) / kSplitKGranule;
-  const long long slices = want < most ? want : most;
+  const long long slices = std::min<long long>({want, most, kMaxSlices});
   if (slices <= 1) return split;
   const long long per = (s.k + slices - 1) / slices;
-  split.slice_k = static_cast<int>((per + kSplitKGranule - 1) / kSplitKGranule * kSplitKGranule);
-  split.slices = static_cast<int>((s.k + split.slice_k - 1) / split.slice_k);
-  if (split.slices <= 1) return SmallGroupsSplitK{};
-  split.workspace_bytes = static_cast<size_t>(split.slices) * s.rows * s.n * sizeof(float);
+  const int slice_k = static_cast<int>((per + kSplitKGranule - 1) / kSplitKGranule * kSplitKGranule);
+  const int count = static_cast<int>((s.k + slice_k - 1) / slice_k);
+  if (count <= 1) return split;
+  split.slices = count;
+  split.slice_k = slice_k;
   return split;
 }
 
 namespace {
 
-// The [G,K,N] kernel for a call: split K (never fused), plain, or fused (LaunchSmallGroups allows
-// the swiglu prologue with f32 output only, so it is not instantiated for other outputs).
+// The [G,K,N] kernel for a call: with the row table (never split; LaunchSmallGroups allows its
+// swiglu prologue with f32 output only, so it is not instantiated for other outputs), or without
+// (split or not, swiglu prologue or not).
 template <typename T, typename TO, bool kVec>
 void (*KnKernel(bool splits, const SmallGroupsFusion& fusion))(Args) {
-  if (fusion.swiglu) {
+  if (fusion.choice_of_row != nullptr) {
+    if (!fusion.swiglu) return SmallGroupsKnKernel<T, TO, kVec, false, Fuse::kRows>;
     if constexpr (std::is_same_v<TO, float>) return SmallGroupsKnKernel<T, TO, kVec, false, Fuse::kRowsSwiglu>;
     return nullptr;
   }
-  if (fusion.on()) return SmallGroupsKnKernel<T, TO, kVec, false, Fuse::kRows>;
+  if (fusion.swiglu) {
+    return splits ? SmallGroupsKnKernel<T, TO, kVec, true, Fuse::kSwiglu> : SmallGroupsKnKernel<T, TO, kVec, false, Fuse::kSwiglu>;
+  }
   return splits ? SmallGroupsKnKernel<T, TO, kVec, true, Fuse::kNone> : SmallGroupsKnKernel<T, TO, kVec, false, Fuse::kNone>;
+}
+
+// Launches `kernel` on `grid` blocks, in clusters of `cluster` blocks when cluster > 1.
+ffi::Error LaunchKn(void (*kernel)(Args), const Args& a, long long grid, int cluster, cudaStream_t stream) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(grid));
+  config.blockDim = dim3(kThreads);
+  config.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = static_cast<unsigned>(cluster);
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  config.attrs = attr;
+  config.numAttrs = cluster > 1 ? 1 : 0;
+  return CudaStatus(cudaLaunchKernelEx(&config, kernel, a),
+                    "launch of small_group_gemm kernel SmallGroupsKnKernel ([G,K,N] rhs)");
 }
 
 template <typename T, typename TO>
@@ -777,35 +837,25 @@ ffi::Error Launch(const DeviceGemm& g, const SmallGroupsFusion& fusion, cudaStre
   a.choice_weights = fusion.choice_weights;
   a.gather_div = fusion.gather_div;
   a.scatter = fusion.scatter;
-  const SmallGroupsSplitK split = fusion.on() ? SmallGroupsSplitK{} : PlanSmallGroupsSplitK(s, g.sm_count);
+  const SmallGroupsSplitK split = fusion.choice_of_row != nullptr
+                                      ? SmallGroupsSplitK{}
+                                      : PlanSmallGroupsSplitK(s, g.compute_capability, g.sm_count);
   a.slices = split.slices;
   a.slice_k = split.slices > 1 ? split.slice_k : a.k;
-  a.partial = static_cast<float*>(g.workspace);
-  if (g.workspace_bytes < split.workspace_bytes) {  // CheckPlanFits checked it; never write past the workspace
-    return ffi::Error::Internal("te_async: small_group_gemm: split-K workspace too small");
-  }
   const long long max_blocks = static_cast<long long>(kBlocksPerSm) * (g.sm_count > 0 ? g.sm_count : 1);
   const long long chunks = MaxChunks(s.groups, s.rows);
   const long long max_tiles = s.transpose_rhs ? (s.n + kNkCols - 1) / kNkCols : KnTiles(s);
-  if (max_tiles * chunks * split.slices > INT_MAX / 2) {  // the kernels count items in int
+  if (max_tiles * chunks > INT_MAX / 2) {  // the kernels count items in int
     return ffi::Error::InvalidArgument("te_async: small_group_gemm: too many work items (N x M too large)");
   }
   if (!s.transpose_rhs) {
-    long long grid = KnTiles(s) * chunks * split.slices;
-    if (grid > max_blocks) grid = max_blocks;
-    if (grid < 1) grid = 1;
+    // Whole clusters of split.slices blocks, each cluster on one item at a time.
+    long long clusters = KnTiles(s) * chunks;
+    if (clusters > max_blocks / split.slices) clusters = max_blocks / split.slices;
+    if (clusters < 1) clusters = 1;
     const bool vec = s.n % V == 0 && Aligned16(g.rhs), splits = split.slices > 1;
     const auto kernel = vec ? KnKernel<T, TO, true>(splits, fusion) : KnKernel<T, TO, false>(splits, fusion);
-    kernel<<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(a);
-    TE_ASYNC_RETURN_IF_ERROR(
-        CudaStatus(cudaGetLastError(), "launch of small_group_gemm kernel SmallGroupsKnKernel ([G,K,N] rhs)"));
-    if (split.slices == 1) return ffi::Error::Success();
-    const long long count = s.rows * s.n;
-    long long sum_grid = (count + kThreads - 1) / kThreads;
-    if (sum_grid > max_blocks) sum_grid = max_blocks;
-    SumSlicesKernel<TO><<<static_cast<unsigned>(sum_grid), kThreads, 0, stream>>>(a.partial, split.slices, count,
-                                                                                   static_cast<TO*>(g.out));
-    return CudaStatus(cudaGetLastError(), "launch of small_group_gemm kernel SumSlicesKernel (split K)");
+    return LaunchKn(kernel, a, clusters * split.slices, split.slices, stream);
   }
   const long long tiles = (s.n + kNkCols - 1) / kNkCols;
   long long grid = (tiles * chunks + kWarps - 1) / kWarps;
@@ -831,17 +881,19 @@ ffi::Error LaunchSmallGroups(const DeviceGemm& g, cudaStream_t stream, const Sma
   if (s.rows == 0 || s.n == 0) return ffi::Error::Success();  // empty output
   using ffi::DataType;
   const DataType in = s.in_type, out = s.out_type;
-  if (fusion.on()) {  // every fusion check, before any kernel is chosen
-    if (fusion.choice_of_row == nullptr || s.transpose_rhs || s.ragged_k) {
-      return ffi::Error::InvalidArgument("te_async: small_group_gemm: fusion needs choice_of_row and ragged m with rhs [G,K,N]");
-    }
+  if (fusion.on() && (s.transpose_rhs || s.ragged_k)) {  // every fusion check, before any kernel is chosen
+    return ffi::Error::InvalidArgument("te_async: small_group_gemm: fusion runs ragged m with rhs [G,K,N] only");
+  }
+  if (fusion.choice_of_row != nullptr) {
     if (s.rows > kFusedMaxRows) {
-      return ffi::Error::InvalidArgument("te_async: small_group_gemm: fusion runs at most " +
+      return ffi::Error::InvalidArgument("te_async: small_group_gemm: the row table holds at most " +
                                          std::to_string(kFusedMaxRows) + " rows, got " + std::to_string(s.rows));
     }
     if (fusion.swiglu && out != DataType::F32) {
-      return ffi::Error::InvalidArgument("te_async: small_group_gemm: the swiglu prologue writes float32 only");
+      return ffi::Error::InvalidArgument("te_async: small_group_gemm: the swiglu prologue with the row table writes float32 only");
     }
+  } else if (fusion.gather_div != 0 || fusion.scatter) {
+    return ffi::Error::InvalidArgument("te_async: small_group_gemm: a gather or scatter needs choice_of_row");
   }
   if (in == DataType::BF16 && out == DataType::BF16) return Launch<__nv_bfloat16, __nv_bfloat16>(g, fusion, stream);
   if (in == DataType::BF16 && out == DataType::F32) return Launch<__nv_bfloat16, float>(g, fusion, stream);

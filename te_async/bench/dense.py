@@ -3,9 +3,10 @@
 The dense GEMMs of one MoE decoder layer of a model (on a GPU by default DeepSeek-V2-Lite's:
 the attention projections, the router, the shared experts' fc1 and fc2) and its LM head, at B
 rows (the batch of a decode step), each two ways: "te_async" (linear(..., kernel="te_async"):
-a device-mode grouped GEMM of one group, small_groups with K split across the SMs) and "xla"
-(linear(..., kernel="xla"): XLA's dot). Also "shared MLP": the shared experts' whole SwiGLU MLP
-(fc1, activation, fc2), the dense MLP the fused-decode issue names. One call runs the GEMM on L
+the small-M kernel, K split over a thread-block cluster; it reads [K, N] weights only, so the LM
+head, [V, H], has no te_async column) and "xla" (linear(..., kernel="xla"): XLA's dot). Also
+"shared MLP": the shared experts' whole SwiGLU MLP (fc1, then fc2 with the activation fused into
+its load on the te_async path), the dense MLP the fused-decode issue names. One call runs the GEMM on L
 copies of the weights (L = --layers, together past L2), unrolled in one jit, so that the call is
 one CUDA graph: a GEMM's time is the call's wall clock over L, and its GPU busy time that of a
 profile of the same calls over L. A lax.scan would add a trip's fixed cost to every GEMM instead
@@ -67,7 +68,8 @@ def run(args) -> dict:
     for gemm, (k, n, transpose) in gemms(config).items():
         w_dtype = jnp.float32 if gemm == "router" else dtype  # routers are float32 (models.params)
         cases[gemm] = (k, [((layers, n, k) if transpose else (layers, k, n), w_dtype)],
-                       lambda kern, t=transpose: (lambda x, w: dense.linear(x, w, transpose_w=t, kernel=kern)))
+                       lambda kern, t=transpose: None if t and kern == "te_async" else
+                       (lambda x, w: dense.linear(x, w, transpose_w=t, kernel=kern)))
     if config.shared_intermediate_size:
         f = config.shared_intermediate_size
         cases["shared MLP"] = (config.hidden_size, [((layers, config.hidden_size, 2 * f), dtype),
@@ -83,13 +85,16 @@ def run(args) -> dict:
             row = dict(gemm=case, rows=rows, k=k, shapes=[list(s[1:]) for s, _ in weight_shapes],
                        floor_us=1e6 * floor_s)
             for kern in KERNELS:
+                if make(kern) is None:
+                    row[f"{kern}_us"] = row[f"{kern}_gpu_us"] = None
+                    continue
                 call = _unrolled(make(kern))
                 row[f"{kern}_us"] = 1e6 * timing.time_calls(call, [(x, copies)], reps=args.reps).median_s / layers
                 gpu = timing.device_times(call, [(x, copies)])
                 row[f"{kern}_gpu_us"] = None if gpu is None else 1e6 * gpu["busy_s"] / layers
             results.append(row)
-            print(f"  {case:12s} B={rows:<3d} floor {row['floor_us']:7.2f} us  xla {row['xla_us']:7.2f}  "
-                  f"te_async {row['te_async_us']:7.2f}", flush=True)
+            print(f"  {case:12s} B={rows:<3d} floor {row['floor_us']:7.2f} us  "
+                  + "  ".join(f"{kern} {row[f'{kern}_us'] or float('nan'):7.2f}" for kern in KERNELS), flush=True)
         del copies
     table = markdown(results)
     (args.out / "dense.md").write_text(table)
