@@ -55,14 +55,16 @@ struct SmallGroupsFusion {
 };
 xla::ffi::Error LaunchSmallGroups(const DeviceGemm& g, cudaStream_t stream,
                                   const SmallGroupsFusion& fusion = {});  // small_group_gemm.cu
-// How small_groups splits K for a shape on a GPU (small_group_gemm.cu says why): slices of slice_k
-// k-rows, added by the thread-block cluster of an item's slices (compute capability 9.0 and up; no
-// workspace).
+// How small_groups splits K for a shape on a GPU (small_group_gemm.cu says why): at most max_slices
+// slices of slice_k k-rows, added by the thread-block cluster of an item's slices (compute
+// capability 9.0 and up; no workspace). The launch may take fewer, where the clusters of so many
+// slices would not all be resident at once.
 struct SmallGroupsSplitK {
   int slices = 1;
   int slice_k = 0;
 };
-SmallGroupsSplitK PlanSmallGroupsSplitK(const GroupedGemmShape& s, int compute_capability, int sm_count);
+SmallGroupsSplitK PlanSmallGroupsSplitK(const GroupedGemmShape& s, int compute_capability, int sm_count,
+                                        int max_slices = 8);
 xla::ffi::Error LaunchPortable(const DeviceGemm& g, cudaStream_t stream);     // portable_grouped_gemm.cu
 // CUTLASS sm90a ptr-array grouped GEMM (cutlass_grouped_gemm*.cu) with the named config, built
 // when the CUTLASS headers are found (TE_ASYNC_HAVE_CUTLASS).

@@ -67,6 +67,9 @@
 #include <algorithm>
 #include <climits>
 #include <cstdint>
+#include <map>
+#include <mutex>
+#include <tuple>
 #include <string>
 #include <type_traits>
 
@@ -764,7 +767,8 @@ long long KnTiles(const GroupedGemmShape& s) {
 
 }  // namespace
 
-SmallGroupsSplitK PlanSmallGroupsSplitK(const GroupedGemmShape& s, int compute_capability, int sm_count) {
+SmallGroupsSplitK PlanSmallGroupsSplitK(const GroupedGemmShape& s, int compute_capability, int sm_count,
+                                        int max_slices) {
   SmallGroupsSplitK split;
   const long long items = KnTiles(s) * MaxChunks(s.groups, s.rows);
   if (compute_capability < 90 || s.transpose_rhs || s.ragged_k || s.rows <= 0 || s.n <= 0 || items >= sm_count) {
@@ -772,7 +776,7 @@ SmallGroupsSplitK PlanSmallGroupsSplitK(const GroupedGemmShape& s, int compute_c
   }
   const long long want = (static_cast<long long>(kBlocksPerSm) * sm_count + items - 1) / items;
   const long long most = (s.k + kSplitKGranule - 1) / kSplitKGranule;
-  const long long slices = std::min<long long>({want, most, kMaxSlices});
+  const long long slices = std::min<long long>({want, most, kMaxSlices, max_slices});
   if (slices <= 1) return split;
   const long long per = (s.k + slices - 1) / slices;
   const int slice_k = static_cast<int>((per + kSplitKGranule - 1) / kSplitKGranule * kSplitKGranule);
@@ -801,21 +805,54 @@ void (*KnKernel(bool splits, const SmallGroupsFusion& fusion))(Args) {
   return splits ? SmallGroupsKnKernel<T, TO, kVec, true, Fuse::kNone> : SmallGroupsKnKernel<T, TO, kVec, false, Fuse::kNone>;
 }
 
-// Launches `kernel` on `grid` blocks, in clusters of `cluster` blocks when cluster > 1.
-ffi::Error LaunchKn(void (*kernel)(Args), const Args& a, long long grid, int cluster, cudaStream_t stream) {
+cudaLaunchConfig_t KnLaunchConfig(long long grid, int cluster, cudaStream_t stream, cudaLaunchAttribute& attr) {
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(static_cast<unsigned>(grid));
   config.blockDim = dim3(kThreads);
   config.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = static_cast<unsigned>(cluster);
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  config.attrs = attr;
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = static_cast<unsigned>(cluster);
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  config.attrs = &attr;
   config.numAttrs = cluster > 1 ? 1 : 0;
-  return CudaStatus(cudaLaunchKernelEx(&config, kernel, a),
-                    "launch of small_group_gemm kernel SmallGroupsKnKernel ([G,K,N] rhs)");
+  return config;
+}
+
+// How many clusters of `slices` blocks of `kernel` can be resident at once on the current device,
+// asked once per (device, kernel, slices): a call may be re-captured every scan trip.
+ffi::ErrorOr<int> ResidentClusters(void (*kernel)(Args), int slices) {
+  static std::mutex mutex;
+  static std::map<std::tuple<int, const void*, int>, int> known;
+  int device = 0;
+  if (ffi::Error e = CudaStatus(cudaGetDevice(&device), "cudaGetDevice"); e.failure()) return ffi::Unexpected(e);
+  const auto key = std::make_tuple(device, reinterpret_cast<const void*>(kernel), slices);
+  std::lock_guard<std::mutex> lock(mutex);
+  if (auto it = known.find(key); it != known.end()) return it->second;
+  cudaLaunchAttribute attr;
+  const cudaLaunchConfig_t config = KnLaunchConfig(slices, slices, nullptr, attr);
+  int resident = 0;
+  if (ffi::Error e = CudaStatus(cudaOccupancyMaxActiveClusters(&resident, kernel, &config),
+                                "cudaOccupancyMaxActiveClusters (small_group_gemm)");
+      e.failure()) {
+    return ffi::Unexpected(e);
+  }
+  known[key] = resident;
+  return resident;
+}
+
+// The split for a call: PlanSmallGroupsSplitK's, with fewer slices while the clusters of the
+// items would not all be resident at once (a cluster's blocks share a GPC, so clusters of many
+// blocks fit fewer times than the SMs suggest; a second wave costs more than the split saves).
+ffi::ErrorOr<SmallGroupsSplitK> ResidentSplit(const DeviceGemm& g, void (*split_kernel)(Args), long long items) {
+  SmallGroupsSplitK split = PlanSmallGroupsSplitK(g.s, g.compute_capability, g.sm_count);
+  while (split.slices > 1) {
+    auto resident = ResidentClusters(split_kernel, split.slices);
+    if (resident.has_error()) return ffi::Unexpected(resident.error());
+    if (items <= *resident) break;
+    split = PlanSmallGroupsSplitK(g.s, g.compute_capability, g.sm_count, split.slices - 1);
+  }
+  return split;
 }
 
 template <typename T, typename TO>
@@ -837,11 +874,6 @@ ffi::Error Launch(const DeviceGemm& g, const SmallGroupsFusion& fusion, cudaStre
   a.choice_weights = fusion.choice_weights;
   a.gather_div = fusion.gather_div;
   a.scatter = fusion.scatter;
-  const SmallGroupsSplitK split = fusion.choice_of_row != nullptr
-                                      ? SmallGroupsSplitK{}
-                                      : PlanSmallGroupsSplitK(s, g.compute_capability, g.sm_count);
-  a.slices = split.slices;
-  a.slice_k = split.slices > 1 ? split.slice_k : a.k;
   const long long max_blocks = static_cast<long long>(kBlocksPerSm) * (g.sm_count > 0 ? g.sm_count : 1);
   const long long chunks = MaxChunks(s.groups, s.rows);
   const long long max_tiles = s.transpose_rhs ? (s.n + kNkCols - 1) / kNkCols : KnTiles(s);
@@ -849,13 +881,26 @@ ffi::Error Launch(const DeviceGemm& g, const SmallGroupsFusion& fusion, cudaStre
     return ffi::Error::InvalidArgument("te_async: small_group_gemm: too many work items (N x M too large)");
   }
   if (!s.transpose_rhs) {
+    const bool vec = s.n % V == 0 && Aligned16(g.rhs);
+    const auto kernel = [&](bool splits) {
+      return vec ? KnKernel<T, TO, true>(splits, fusion) : KnKernel<T, TO, false>(splits, fusion);
+    };
+    SmallGroupsSplitK split;  // the row table is never split
+    if (fusion.choice_of_row == nullptr) {
+      auto resident = ResidentSplit(g, kernel(true), max_tiles * chunks);
+      if (resident.has_error()) return resident.error();
+      split = *resident;
+    }
+    a.slices = split.slices;
+    a.slice_k = split.slices > 1 ? split.slice_k : a.k;
     // Whole clusters of split.slices blocks, each cluster on one item at a time.
-    long long clusters = KnTiles(s) * chunks;
+    long long clusters = max_tiles * chunks;
     if (clusters > max_blocks / split.slices) clusters = max_blocks / split.slices;
     if (clusters < 1) clusters = 1;
-    const bool vec = s.n % V == 0 && Aligned16(g.rhs), splits = split.slices > 1;
-    const auto kernel = vec ? KnKernel<T, TO, true>(splits, fusion) : KnKernel<T, TO, false>(splits, fusion);
-    return LaunchKn(kernel, a, clusters * split.slices, split.slices, stream);
+    cudaLaunchAttribute attr;
+    const cudaLaunchConfig_t config = KnLaunchConfig(clusters * split.slices, split.slices, stream, attr);
+    return CudaStatus(cudaLaunchKernelEx(&config, kernel(split.slices > 1), a),
+                      "launch of small_group_gemm kernel SmallGroupsKnKernel ([G,K,N] rhs)");
   }
   const long long tiles = (s.n + kNkCols - 1) / kNkCols;
   long long grid = (tiles * chunks + kWarps - 1) / kWarps;

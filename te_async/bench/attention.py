@@ -3,7 +3,8 @@
 A model's decode attention (on a GPU by default DeepSeek-V2-Lite's MLA: 16 heads over one latent
 of 512 and a rope key of 64; grouped-query heads for the other presets) at batch B against a
 cache of --context tokens, each two ways: "te_async" (decode_attention(..., kernel="te_async"),
-the flash-decoding kernel that reads the layer in place) and "xla" (kernel="xla": XLA's einsums
+the flash-decoding kernel that reads the layer in place; on a GPU, where it takes the shape) and
+"xla" (kernel="xla": XLA's einsums
 and softmax over the layer that its dynamic slice copies out of the stack). As in a decode step,
 one call runs a lax.scan over L layers (L = --layers) of one stacked cache, the layer index the
 scan's counter; a layer's time is the call's wall clock over L. The floor is the bytes of the
@@ -70,7 +71,8 @@ def run(args) -> dict:
     batches = args.batches or ([1, 2, 4, 8, 16, 64] if gpu else [1, 2])
     context = args.context or (4096 if gpu else 64)
     layers = args.layers or (26 if gpu else 2)
-    kernels = ["xla", "te_async"] if gpu else ["xla"]
+    q, keys, values, q_rope, _ = operands(shape, 1, 8, 1, jax.random.key(0))  # the kernel where it takes the shape
+    kernels = ["xla", "te_async"] if gpu and attention.kernel_applies(q, keys, values, q_rope) else ["xla"]
     hbm = timing.hbm_bandwidth()
     print(f"attention: {name} {shape}, {context} cached tokens, {layers} stacked layers per call, HBM read "
           f"{hbm / 1e12:.2f} TB/s, batches {batches}", flush=True)
