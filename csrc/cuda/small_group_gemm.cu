@@ -69,8 +69,8 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
-#include <tuple>
 #include <string>
+#include <tuple>
 #include <type_traits>
 
 #include "cuda/cuda_check.h"
@@ -352,7 +352,7 @@ struct KnShared {
   float slice_sums[kChunkRows * 8 * Elem<T>::kVec];  // split K: this slice's sums of the item, [row][col]
 };
 
-// One activation: lhs[k], or with Fuse::kRowsSwiglu silu(lhs[k]) * lhs[K + k] rounded to T, as
+// One activation: lhs[k], or with a swiglu fusion silu(lhs[k]) * lhs[K + k] rounded to T, as
 // te_async.mlp.activate computes it (f32, then the input dtype).
 template <typename T, Fuse F>
 __device__ __forceinline__ float LoadActivation(const T* row, int K, int k) {
