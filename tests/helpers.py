@@ -52,7 +52,8 @@ def device_plan(groups, rows, k, n, ragged, transpose_rhs, dtype, out_dtype=None
 
 
 def small_groups_slices(groups, rows, k, n, dtype, transpose_rhs=False) -> int:
-    """The K slices (one thread-block cluster) small_groups runs these shapes with on GPU 0; 1 is no split."""
+    """The most K slices (one thread-block cluster per item) small_groups plans for these shapes on GPU
+    0, 1 for no split (the launch takes fewer where the clusters would not all be resident)."""
     from te_async import _ffi
 
     major, minor = jax.devices("gpu")[0].compute_capability.split(".")

@@ -37,16 +37,9 @@ ffi::Error DenseGemm(cudaStream_t stream, int32_t device, ffi::AnyBuffer lhs, ff
   if (PoisonOutputs()) TE_ASYNC_CUDA(cudaMemsetAsync(out->untyped_data(), 0xff, out->size_bytes(), stream));
   if (out->element_count() == 0) return ffi::Error::Success();
 
-  DeviceGemm g;
-  g.s = s;
-  g.lhs = lhs.untyped_data();
-  g.rhs = rhs.untyped_data();
-  g.out = out->untyped_data();
-  g.sm_count = info->sm_count;
-  g.compute_capability = info->compute_capability;
   SmallGroupsFusion fusion;
   fusion.swiglu = swiglu;
-  return LaunchSmallGroups(g, stream, fusion);
+  return LaunchSmallGroups(DeviceGemmOf(s, lhs, rhs, nullptr, out->untyped_data(), *info, nullptr), stream, fusion);
 }
 
 }  // namespace

@@ -85,9 +85,10 @@ struct DeviceInfo {
 };
 xla::ffi::ErrorOr<DeviceInfo> QueryDevice(int device);
 
-// The DeviceGemm of a handler's buffers on a device (no workspace; the caller adds one).
+// The DeviceGemm of a handler's buffers on a device (no workspace; the caller adds one). group_sizes
+// is device memory, or nullptr for a dense GEMM (small_groups only).
 DeviceGemm DeviceGemmOf(const GroupedGemmShape& s, xla::ffi::AnyBuffer lhs, xla::ffi::AnyBuffer rhs,
-                        xla::ffi::AnyBuffer group_sizes, void* out, const DeviceInfo& info,
+                        const int32_t* group_sizes, void* out, const DeviceInfo& info,
                         unsigned long long* clamped_calls);
 
 // What Python reads from the environment and passes to the planner (te_async/plan.py validates it).

@@ -55,7 +55,8 @@ ffi::Error ExpertGemm(cudaStream_t stream, int32_t device, ffi::AnyBuffer lhs, f
   if (PoisonOutputs()) TE_ASYNC_CUDA(cudaMemsetAsync(out->untyped_data(), 0xff, out->size_bytes(), stream));
   if (out->element_count() == 0) return ffi::Error::Success();
 
-  const DeviceGemm g = DeviceGemmOf(s, lhs, rhs, group_sizes, out->untyped_data(), *info, &(*counters)->clamped_calls);
+  const DeviceGemm g = DeviceGemmOf(s, lhs, rhs, static_cast<const int32_t*>(group_sizes.untyped_data()),
+                                    out->untyped_data(), *info, &(*counters)->clamped_calls);
   SmallGroupsFusion fusion;
   fusion.choice_of_row = choice_of_row.typed_data();
   fusion.choice_weights = choice_weights.typed_data();

@@ -139,14 +139,7 @@ ffi::Error GroupedGemmCuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer l
   TE_ASYNC_RETURN_IF_ERROR(LaunchGroups(device, s, off, lhs, rhs, out_data, stream));
   auto info = QueryDevice(device);
   if (info.has_error()) return info.error();
-  DeviceGemm repair;
-  repair.s = s;
-  repair.lhs = lhs.untyped_data();
-  repair.rhs = rhs.untyped_data();
-  repair.group_sizes = device_sizes;
-  repair.out = out_data;
-  repair.sm_count = info->sm_count;
-  repair.clamped_calls = &(*counters)->clamped_calls;
+  DeviceGemm repair = DeviceGemmOf(s, lhs, rhs, device_sizes, out_data, *info, &(*counters)->clamped_calls);
   repair.run_if = mismatch;
   return LaunchPortable(repair, stream);
 }

@@ -32,13 +32,13 @@ ffi::ErrorOr<DeviceInfo> QueryDevice(int device) {
   return info;
 }
 
-DeviceGemm DeviceGemmOf(const GroupedGemmShape& s, ffi::AnyBuffer lhs, ffi::AnyBuffer rhs, ffi::AnyBuffer group_sizes,
+DeviceGemm DeviceGemmOf(const GroupedGemmShape& s, ffi::AnyBuffer lhs, ffi::AnyBuffer rhs, const int32_t* group_sizes,
                         void* out, const DeviceInfo& info, unsigned long long* clamped_calls) {
   DeviceGemm g;
   g.s = s;
   g.lhs = lhs.untyped_data();
   g.rhs = rhs.untyped_data();
-  g.group_sizes = static_cast<const int32_t*>(group_sizes.untyped_data());
+  g.group_sizes = group_sizes;
   g.out = out;
   g.sm_count = info.sm_count;
   g.compute_capability = info.compute_capability;
@@ -146,7 +146,8 @@ ffi::Error GroupedGemmDevice(cudaStream_t stream, int32_t device, ffi::AnyBuffer
   if (PoisonOutputs()) TE_ASYNC_CUDA(cudaMemsetAsync(out->untyped_data(), 0xff, out->size_bytes(), stream));
   if (out->element_count() == 0) return ffi::Error::Success();
 
-  DeviceGemm g = DeviceGemmOf(s, lhs, rhs, group_sizes, out->untyped_data(), *info, &(*counters)->clamped_calls);
+  DeviceGemm g = DeviceGemmOf(s, lhs, rhs, static_cast<const int32_t*>(group_sizes.untyped_data()), out->untyped_data(),
+                              *info, &(*counters)->clamped_calls);
   g.workspace = workspace->untyped_data();
   g.workspace_bytes = workspace->size_bytes();
   return Launch(*kernel, cutlass_config, g, stream);

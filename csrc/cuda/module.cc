@@ -80,7 +80,8 @@ NB_MODULE(_te_async_cuda, m) {
       nb::arg("groups"), nb::arg("rows"), nb::arg("k"), nb::arg("n"), nb::arg("ragged_k"), nb::arg("transpose_rhs"),
       nb::arg("in_dtype"), nb::arg("out_dtype"), nb::arg("compute_capability"), nb::arg("sm_count"),
       nb::arg("small_groups_max_rows"), nb::arg("cutlass_config"));
-  // How many K slices (one thread-block cluster) small_groups runs a shape's items with: 1 is no split.
+  // The most K slices (one thread-block cluster per item) small_groups plans for a shape, 1 for no split; the
+  // launch takes fewer where the clusters of so many would not all be resident at once.
   m.def(
       "small_groups_slices",
       [](int64_t groups, int64_t rows, int64_t k, int64_t n, bool transpose_rhs, const std::string& dtype,

@@ -85,10 +85,11 @@ def run(args) -> dict:
             row = dict(gemm=case, rows=rows, k=k, shapes=[list(s[1:]) for s, _ in weight_shapes],
                        floor_us=1e6 * floor_s)
             for kern in KERNELS:
-                if make(kern) is None:
+                fn = make(kern)
+                if fn is None:
                     row[f"{kern}_us"] = row[f"{kern}_gpu_us"] = None
                     continue
-                call = _unrolled(make(kern))
+                call = _unrolled(fn)
                 row[f"{kern}_us"] = 1e6 * timing.time_calls(call, [(x, copies)], reps=args.reps).median_s / layers
                 gpu = timing.device_times(call, [(x, copies)])
                 row[f"{kern}_gpu_us"] = None if gpu is None else 1e6 * gpu["busy_s"] / layers
