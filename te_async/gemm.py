@@ -15,7 +15,8 @@ import jax.numpy as jnp
 
 from . import _ffi, plan
 from .sharding import require_replicated
-from .group_sizes import HostGroupSizes, check_group_sizes, copy_group_sizes, host_sizes_operand, resolve_group_sizes_mode
+from .group_sizes import (HostGroupSizes, check_group_sizes, copy_group_sizes, host_sizes_operand, resolve_group_sizes_mode,
+                          reuse_group_sizes)
 
 GEMM_DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32)
 logger = logging.getLogger("te_async")
@@ -102,17 +103,20 @@ def _differentiable(call: _Call, lhs, rhs, group_sizes, host_group_sizes):
 
 
 def _differentiable_fwd(call: _Call, lhs, rhs, group_sizes, host_group_sizes):
-    return _differentiable(call, lhs, rhs, group_sizes, host_group_sizes), (lhs, rhs, group_sizes)
+    if call.mode == "async" and host_group_sizes is None:
+        host_group_sizes = copy_group_sizes(group_sizes)
+    out = _differentiable(call, lhs, rhs, group_sizes, host_group_sizes)
+    return out, (lhs, rhs, group_sizes, host_group_sizes)
 
 
 def _differentiable_bwd(call: _Call, residuals, dout):
-    """Both gradients are grouped GEMMs of the other two forms, in the forward's mode (async: one
-    more copy of the sizes, made here; the forward's handle may be gone by now), accumulated in
-    float32 and written in the operands' dtype, as grouped_mlp's backward does (on Hopper that
+    """Both gradients are grouped GEMMs of the other two forms, in the forward's mode (async: on
+    the forward's copy of the sizes where its slot still holds it, reuse_group_sizes), accumulated
+    in float32 and written in the operands' dtype, as grouped_mlp's backward does (on Hopper that
     keeps them on the CUTLASS kernels, which write the input dtype). Rows past the groups get zero
     gradients."""
-    lhs, rhs, group_sizes = residuals
-    handle = copy_group_sizes(group_sizes) if call.mode == "async" else None
+    lhs, rhs, group_sizes, forward_handle = residuals
+    handle = reuse_group_sizes(forward_handle) if call.mode == "async" else None
     gemm = functools.partial(grouped_gemm, group_sizes=group_sizes, group_sizes_mode=call.mode,
                              host_group_sizes=handle)
     d = dout.astype(lhs.dtype)

@@ -58,6 +58,21 @@ def copy_group_sizes(group_sizes: jax.Array) -> HostGroupSizes:
     return HostGroupSizes(snapshot)
 
 
+def reuse_group_sizes(handle: HostGroupSizes) -> HostGroupSizes:
+    """The handle of a backward pass, made from its forward's: where the forward's pinned slot still
+    holds its copy, the new handle is filed under that slot and nothing is copied (the backward's
+    GEMMs wait on an event that fired long ago; host_size_stats()["reused"]); where the slot has
+    been recycled (64 copies later) or the forward's handle reached the backward through a copy of
+    its buffer (a scan's stacked residuals), it issues a fresh copy (["reuse_misses"]).
+    """
+    snapshot = jax.ffi.ffi_call(
+        _ffi.REUSE_GROUP_SIZES,
+        jax.ShapeDtypeStruct(handle.device_sizes.shape, jnp.int32),
+        vmap_method="sequential",
+    )(handle.device_sizes)
+    return HostGroupSizes(snapshot)
+
+
 def resolve_group_sizes_mode(
     group_sizes_mode: Optional[str],
     use_async_d2h_group_sizes: bool,

@@ -9,14 +9,17 @@ six GEMMs read group_sizes on the GPU, so the whole layer can live in one CUDA g
 Copies and host waits per layer in async mode:
   forward:  1 copy_group_sizes (0 when the caller passes host_group_sizes), 2 GEMMs that each
             wait on that copy's event; 0 stream synchronisations.
-  backward: 1 copy_group_sizes issued at the start of the backward, 4 GEMMs (dgrad and wgrad of
-            fc2 and fc1) that wait on its event; 0 stream synchronisations. The forward's handle
-            is not reused: under remat or scan its pinned slot may have been recycled long ago.
+  backward: 0 copies where the forward's pinned slot still holds its copy (reuse_group_sizes:
+            the handle is a residual; host_size_stats()["reused"]), else 1 fresh copy
+            (["reuse_misses"]: the slot was recycled, or a scan's stacked residuals moved the
+            handle); 4 GEMMs (dgrad and wgrad of fc2 and fc1) that wait on that event; 0 stream
+            synchronisations.
 Sync mode instead does 2 (forward) and 4 (backward) D2H copies, each with a
 cudaStreamSynchronize. Under jax.checkpoint the forward runs again in the backward pass, with
-its own copy.
+its own copy, which the backward then reuses.
 
-Residuals: x, the weights, the norm parameters, group_sizes and the fc1 output h [M, F1].
+Residuals: x, the weights, the norm parameters, group_sizes, the async handle and the fc1
+output h [M, F1].
 The norm output and the activation are recomputed in the backward (elementwise, cheap); h is
 saved because recomputing it would cost a grouped GEMM.
 """
@@ -30,7 +33,7 @@ import jax.numpy as jnp
 
 from . import plan
 from .gemm import grouped_gemm, vjp_shapes
-from .group_sizes import HostGroupSizes, check_group_sizes, copy_group_sizes, resolve_group_sizes_mode
+from .group_sizes import HostGroupSizes, check_group_sizes, copy_group_sizes, resolve_group_sizes_mode, reuse_group_sizes
 from .sharding import check_unsharded
 
 logger = logging.getLogger("te_async")
@@ -129,12 +132,12 @@ def _fwd(cfg: _Config, x, group_sizes, w_fc1, w_fc2, norm_scale, norm_bias, hand
     xn = normalize(x, norm_scale, norm_bias, cfg.norm, cfg.eps)
     h = _gemm(cfg, handle, xn, w_fc1, group_sizes)
     y = _gemm(cfg, handle, activate(h, cfg.activation), w_fc2, group_sizes)
-    return y, (x, group_sizes, w_fc1, w_fc2, norm_scale, norm_bias, h)
+    return y, (x, group_sizes, w_fc1, w_fc2, norm_scale, norm_bias, h, handle)
 
 
 def _bwd(cfg: _Config, residuals, dy):
-    x, group_sizes, w_fc1, w_fc2, norm_scale, norm_bias, h = residuals
-    handle = copy_group_sizes(group_sizes) if cfg.mode == "async" else None
+    x, group_sizes, w_fc1, w_fc2, norm_scale, norm_bias, h, forward_handle = residuals
+    handle = reuse_group_sizes(forward_handle) if cfg.mode == "async" else None
     gemm = functools.partial(_gemm, cfg, handle)
     xn, norm_vjp = jax.vjp(lambda x_, s_, b_: normalize(x_, s_, b_, cfg.norm, cfg.eps), x, norm_scale, norm_bias)
     a, act_vjp = jax.vjp(lambda h_: activate(h_, cfg.activation), h)

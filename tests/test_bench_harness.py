@@ -57,15 +57,15 @@ def test_decode_gemm_mlp_mode_matches_scan_and_unrolled(rng):
 
 @pytest.mark.parametrize("gemm", list(prefill.GEMMS))
 def test_prefill_contenders_agree_with_reference(rng, gemm):
-    ragged, _, _ = prefill.GEMMS[gemm]
+    form, _, _ = prefill.GEMMS[gemm]
     k, n, rows = 16, 24, 40
     sizes = random_group_sizes(rng, prefill.EXPERTS, rows, "skewed")
     lhs = jnp.asarray(rng.standard_normal((rows, k)), jnp.float32)
-    rhs = prefill.make_rhs(ragged, k, n, rows, jax.random.key(int(rng.integers(1 << 30))), jnp.float32)
-    assert rhs.shape == ((prefill.EXPERTS, k, n) if ragged == "m" else (rows, n))
-    want = grouped_gemm_reference(lhs, rhs, sizes, ragged=ragged)
-    fns = prefill.contenders(ragged, k, n)
-    assert "dense_same_flops" in fns and ("xla_ragged_dot" in fns) == (ragged == "m")
+    rhs = prefill.make_rhs(form, k, n, rows, jax.random.key(int(rng.integers(1 << 30))), jnp.float32)
+    assert rhs.shape == {"m": (prefill.EXPERTS, k, n), "mT": (prefill.EXPERTS, n, k), "k": (rows, n)}[form]
+    want = grouped_gemm_reference(lhs, rhs, sizes, **prefill.FORMS[form])
+    fns = prefill.contenders(form, k, n)
+    assert "dense_same_flops" in fns and ("xla_ragged_dot" in fns) == (form != "k")
     for name, fn in fns.items():
         if name.startswith("te_async") or name == "xla_ragged_dot":
             with jax.default_matmul_precision("highest"):  # no TF32 on a GPU

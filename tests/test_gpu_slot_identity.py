@@ -1,6 +1,6 @@
 """Async mode's pinned slots under the ways XLA moves a handle: carried through lax.scan, stacked
-as scan outputs and consumed in reverse, rematerialised, donated, and 200 copies in flight (more
-than the ring's 64 slots). A slot is found by its handle's address (csrc/cuda/host_size_slots.h);
+as scan outputs and consumed in reverse, rematerialised, donated, 200 copies in flight (more
+than the ring's 64 slots), and a backward pass reusing its forward's copy, unrolled and scanned. A slot is found by its handle's address (csrc/cuda/host_size_slots.h);
 the GPU checks every pinned read and redoes a stale one (csrc/cuda/host_sizes_guard.h).
 
 Every scenario compares its outputs with float64 and prints the counters. Under
@@ -106,6 +106,74 @@ def test_rematerialised_copy(rng):
     for got, expected in zip(grads, want):
         assert rel_error(got, expected) < 1e-4
     assert delta["copies"] >= 2 and delta["repaired_reads"] == 0  # XLA may merge the two layers' copies (same sizes)
+
+
+def _mlp_layers(rng, layers: int):
+    """Per-layer sizes (every kind, each layer its own), weights and an input of a grouped_mlp stack."""
+    sizes = np.stack([random_group_sizes(rng, GROUPS, ROWS, kind) for kind in ("random", "skewed", "zeros", "random")[:layers]])
+    x = rng.standard_normal((ROWS, K)).astype(np.float32)
+    w_fc1 = (rng.standard_normal((layers, GROUPS, K, 2 * N)) / np.sqrt(4 * K)).astype(np.float32)
+    w_fc2 = (rng.standard_normal((layers, GROUPS, N, K)) / np.sqrt(4 * N)).astype(np.float32)
+    return sizes, x, w_fc1, w_fc2
+
+
+def _mlp_stack_grads(layer, sizes, x, w_fc1, w_fc2, scan: bool):
+    """Gradients of sum(y^2) through x + layer(x) per layer, unrolled or as a lax.scan."""
+    def forward(a, s, w1, w2):
+        if scan:
+            return jax.lax.scan(lambda c, xs: (c + layer(c, *xs), None), a, (s, w1, w2))[0]
+        for i in range(s.shape[0]):
+            a = a + layer(a, s[i], w1[i], w2[i])
+        return a
+
+    return jax.jit(jax.grad(lambda a, s, w1, w2: jnp.sum(forward(a, s, w1, w2) ** 2), argnums=(0, 2, 3)))
+
+
+@pytest.mark.parametrize("scan", [False, True], ids=["unrolled", "scan"])
+def test_backward_reuses_forward_copy(rng, scan):
+    """Each layer's backward takes its forward's copy (reuse_group_sizes) where that filing is
+    still its own: in an unrolled stack every layer's, so one copy per layer in all; under scan the
+    stacked handles reach the backward at new addresses, which get fresh copies (counted). Both
+    match float64, and under TE_ASYNC_VERIFY_HOST_SIZES=1 every pinned read is cross-checked."""
+    layers = 4
+    sizes, x, w_fc1, w_fc2 = _mlp_layers(rng, layers)
+    layer = lambda a, s, w1, w2: te_async.grouped_mlp(a, s, w1, w2, norm=None, group_sizes_mode="async")
+    grads, delta = run(f"backward reuse ({'scan' if scan else 'unrolled'})", _mlp_stack_grads(layer, sizes, x, w_fc1, w_fc2, scan),
+                       x, sizes, w_fc1, w_fc2)
+
+    def ref_forward(a, w1, w2):
+        for i in range(layers):
+            a = a + mlp_reference(a, sizes[i], w1[i], w2[i], norm=None)
+        return a
+
+    want = jax.grad(lambda a, w1, w2: jnp.sum(ref_forward(a, w1, w2) ** 2), argnums=(0, 1, 2))(x, w_fc1, w_fc2)
+    for got, expected in zip(grads, want):
+        assert rel_error(got, expected) < 1e-4
+    assert delta["reused"] + delta["reuse_misses"] == layers
+    assert delta["copies"] == layers + delta["reuse_misses"]
+    assert delta["fallback_reads"] == 0 and delta["repaired_reads"] == 0 and delta["sync_reads"] == 0
+    assert delta["event_waits"] == 6 * layers  # fc1 and fc2 forward, their dgrad and wgrad
+    if not scan:
+        assert delta["reused"] == layers
+
+
+def test_reused_copy_past_the_ring(rng):
+    """66 copies between a forward and its backward: the forward's slot has been reissued, so the
+    backward makes a fresh copy and the result stays right."""
+    sizes, lhs, rhs = operands(rng, 1)
+
+    def f(lhs, rhs, s):
+        out, pull = jax.vjp(lambda a, b: te_async.grouped_gemm(a, b, s, group_sizes_mode="async"), lhs, rhs)
+        # The backward (its residuals, the forward's handle among them) runs after all 66 copies.
+        _, out, pull = jax.lax.optimization_barrier(([te_async.copy_group_sizes(s + i) for i in range(1, 67)], out, pull))
+        return pull(out)
+
+    (dlhs, drhs), delta = run("reuse past the ring", jax.jit(f), lhs[0], rhs, sizes[0])
+    y = grouped_gemm_reference(lhs[0], rhs, sizes[0])
+    assert rel_error(dlhs, grouped_gemm_reference(y, rhs, sizes[0], transpose_rhs=True)) < TOL[jnp.float32]
+    assert rel_error(drhs, grouped_gemm_reference(lhs[0], y, sizes[0], ragged="k")) < TOL[jnp.float32]
+    assert delta["reuse_misses"] == 1 and delta["reused"] == 0 and delta["copies"] == 1 + 66 + 1
+    assert delta["repaired_reads"] == 0
 
 
 def test_donated_handle(rng):

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from te_async import grouped_gemm
-from te_async.bench import decode_gemm, prefill, presets, timing, trace
+from te_async.bench import decode_gemm, prefill, presets, timing, trace, train
 
 
 def _short(name: str) -> str:
@@ -45,13 +45,24 @@ def _decode_inputs(model, tokens: int, layers: int, dtype, mode: str, unroll: bo
 
 
 def _prefill_inputs(preset: str, model, gemm: str, dtype):
-    ragged, k, n = prefill.gemms(model)[gemm]
+    form, k, n = prefill.gemms(model)[gemm]
     key = jax.random.key(0)
     gs = jnp.asarray(prefill.splits(model, presets.prefill_tokens(preset))["even"], jnp.int32)
     rows = int(gs.sum())
     lhs = jax.random.normal(key, (rows, k), dtype)
-    rhs = prefill.make_rhs(ragged, k, n, rows, key, dtype, model.experts)
-    return jax.jit(lambda a, b, g: grouped_gemm(a, b, g, ragged=ragged, group_sizes_mode="device")), (lhs, rhs, gs)
+    rhs = prefill.make_rhs(form, k, n, rows, key, dtype, model.experts)
+    return jax.jit(lambda a, b, g: grouped_gemm(a, b, g, **prefill.FORMS[form], group_sizes_mode="device")), (lhs, rhs, gs)
+
+
+def _train_inputs(preset: str, model, split: str, dtype):
+    """bench train's 1-layer call in device mode: grouped_mlp forward + backward."""
+    key = jax.random.key(0)
+    gs = jnp.asarray(prefill.splits(model, presets.prefill_tokens(preset))[split], jnp.int32)
+    rows = int(gs.sum())
+    x, dy = (jax.random.normal(jax.random.fold_in(key, i), (rows, model.hidden), dtype) for i in (1, 2))
+    w1 = jax.random.normal(key, (model.experts, model.hidden, 2 * model.ffn), dtype) / model.hidden**0.5
+    w2 = jax.random.normal(key, (model.experts, model.ffn, model.hidden), dtype) / model.ffn**0.5
+    return train.forward_backward("device"), (x, gs, [(w1, w2, jnp.ones((model.hidden,), jnp.float32))], dy)
 
 
 def report(label: str, fn, inputs, calls: int, use_trace: bool) -> None:
@@ -91,6 +102,8 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--calls", type=int, default=5)
     p.add_argument("--prefill", nargs="*", default=[], choices=list(prefill.GEMMS))
+    p.add_argument("--train", nargs="*", default=[], choices=["even", "skewed"],
+                   help="bench train's 1-layer grouped_mlp forward + backward, device mode, on these splits")
     p.add_argument("--no-trace", action="store_true", help="only run the calls (for ncu)")
     p.add_argument("--mode", default="device", choices=decode_gemm.MODES, help="decode-gemm's mode of the decode layers")
     p.add_argument("--unroll", action="store_true", help="decode layers unrolled, not scanned (decode-gemm --unroll)")
@@ -106,6 +119,9 @@ def main() -> None:
     for gemm in args.prefill:
         fn, inputs = _prefill_inputs(preset, model, gemm, dtype)
         report(f"prefill {gemm} even", fn, inputs, args.calls, not args.no_trace)
+    for split in args.train:
+        fn, inputs = _train_inputs(preset, model, split, dtype)
+        report(f"train {split}: grouped_mlp forward + backward, device mode", fn, inputs, args.calls, not args.no_trace)
 
 
 if __name__ == "__main__":

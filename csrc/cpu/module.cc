@@ -16,6 +16,8 @@ NB_MODULE(_te_async_cpu, m) {
   m.def("registrations", []() {
     nb::dict d;
     d["te_async_copy_group_sizes"] = te_async::EncapsulateFfiHandler(te_async::kCopyGroupSizesCpu);
+    // The sizes are host memory already: a backward's handle is a plain copy too.
+    d["te_async_reuse_group_sizes"] = te_async::EncapsulateFfiHandler(te_async::kCopyGroupSizesCpu);
     d["te_async_grouped_gemm"] = te_async::EncapsulateFfiHandler(te_async::kGroupedGemmCpu);
     d["te_async_grouped_gemm_device"] = te_async::EncapsulateFfiHandler(te_async::kGroupedGemmDeviceCpu);
     return d;

@@ -1,5 +1,7 @@
 // copy_group_sizes on CUDA: a device snapshot of the sizes (the handle) plus an early D2H copy
-// into a pinned slot, all enqueued on XLA's stream; the host does not wait here.
+// into a pinned slot, all enqueued on XLA's stream; the host does not wait here. reuse_group_sizes
+// makes a backward's handle from its forward's, filed under the forward's slot where it still
+// holds the copy (host_size_slots.h), else with a fresh copy.
 #include "cuda/cuda_check.h"
 #include "cuda/handlers.h"
 #include "cuda/host_size_slots.h"
@@ -21,11 +23,29 @@ ffi::Error CopyGroupSizesCuda(cudaStream_t stream, int32_t device, ffi::Buffer<f
   return (*slots)->Issue(sizes.typed_data(), handle->typed_data(), groups, stream);
 }
 
+ffi::Error ReuseGroupSizesCuda(cudaStream_t stream, int32_t device, ffi::Buffer<ffi::S32> snapshot,
+                               ffi::ResultBuffer<ffi::S32> handle) {
+  const int64_t groups = static_cast<int64_t>(snapshot.element_count());
+  TE_ASYNC_RETURN_IF_ERROR(CheckGroupCount(groups));
+  auto slots = HostSizeSlots::ForDevice(device);
+  if (slots.has_error()) return slots.error();
+  TE_ASYNC_CUDA(cudaMemcpyAsync(handle->typed_data(), snapshot.typed_data(), groups * sizeof(int32_t),
+                                cudaMemcpyDeviceToDevice, stream));
+  return (*slots)->Reuse(snapshot.typed_data(), handle->typed_data(), groups, stream);
+}
+
 }  // namespace
 
-// Not command-buffer compatible on purpose: choosing the slot is host work that a graph replay
+// Neither is command-buffer compatible, on purpose: choosing the slot is host work that a graph replay
 // would skip.
 XLA_FFI_DEFINE_HANDLER_SYMBOL(kCopyGroupSizesCuda, CopyGroupSizesCuda,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<ffi::DeviceOrdinal>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::Buffer<ffi::S32>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kReuseGroupSizesCuda, ReuseGroupSizesCuda,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
                                   .Ctx<ffi::DeviceOrdinal>()

@@ -48,19 +48,44 @@ void HostSizeSlots::Release() {
 ffi::Error HostSizeSlots::Issue(const int32_t* device_sizes, const void* handle, int64_t groups,
                                 cudaStream_t stream) {
   std::lock_guard<std::mutex> lock(mu_);
+  return IssueLocked(device_sizes, handle, groups, stream, /*reusable=*/true);
+}
+
+ffi::Error HostSizeSlots::IssueLocked(const int32_t* device_sizes, const void* handle, int64_t groups,
+                                      cudaStream_t stream, bool reusable) {
   const int index = static_cast<int>(issued_ % kSlots);
   Slot& slot = slots_[index];
-  auto old = filed_.find(slot.handle);
-  if (old != filed_.end() && old->second.slot == index) filed_.erase(old);
+  for (const void* old_handle : slot.handles) {
+    auto old = filed_.find(old_handle);
+    if (old != filed_.end() && old->second.slot == index && old->second.generation == slot.generation) filed_.erase(old);
+  }
   TE_ASYNC_CUDA(cudaMemcpyAsync(slot.pinned, device_sizes, groups * sizeof(int32_t),
                                 cudaMemcpyDeviceToHost, stream));
   TE_ASYNC_CUDA(cudaEventRecord(slot.ready, stream));
   slot.generation = ++issued_;
   slot.groups = groups;
-  slot.handle = handle;
-  filed_[handle] = Filed{index, slot.generation};
+  slot.handles.assign(1, handle);
+  filed_[handle] = Filed{index, slot.generation, !reusable};
   ++stats_.copies;
   return ffi::Error::Success();
+}
+
+ffi::Error HostSizeSlots::Reuse(const int32_t* snapshot, const void* handle, int64_t groups, cudaStream_t stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = filed_.find(snapshot);
+  if (it != filed_.end() && !it->second.spent) {
+    const Filed filed = it->second;
+    Slot& slot = slots_[filed.slot];
+    if (slot.generation == filed.generation && slot.groups == groups) {
+      it->second.spent = true;
+      slot.handles.push_back(handle);
+      filed_[handle] = Filed{filed.slot, filed.generation, true};
+      ++stats_.reused;
+      return ffi::Error::Success();
+    }
+  }
+  ++stats_.reuse_misses;
+  return IssueLocked(snapshot, handle, groups, stream, /*reusable=*/false);
 }
 
 bool HostSizeSlots::TryPinned(const void* handle, int64_t groups, int32_t* out) {

@@ -16,6 +16,12 @@
 // GEMM that used pinned sizes has the GPU compare them with its operand in stream order and redo
 // the GEMM from the operand when they differ (host_sizes_guard.h). A stale slot costs time and is
 // counted (DeviceCounters::repaired_reads); it never gives a wrong result.
+//
+// A backward pass reuses its forward's copy (Reuse): the forward's handle, kept as a residual,
+// is looked up like a consumer's operand, and the backward's own handle buffer is filed under the
+// same slot, so no copy is issued and the backward's GEMMs wait on an event that fired long ago.
+// Each filing serves one reuse: under scan the backward's slices of stacked handles may land on
+// one address again and again, and only the first of them can be the copy filed there.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -37,6 +43,8 @@ struct HostSizeStats {
   uint64_t event_waits = 0;     // consumers served from a pinned slot
   uint64_t sync_reads = 0;      // consumers in sync mode (D2H + cudaStreamSynchronize)
   uint64_t fallback_reads = 0;  // async consumers whose slot could not be used
+  uint64_t reused = 0;          // Reuse calls served by the forward's slot
+  uint64_t reuse_misses = 0;    // Reuse calls that issued a fresh copy (also counted in copies)
 };
 
 class HostSizeSlots {
@@ -52,6 +60,11 @@ class HostSizeSlots {
   // Enqueues the D2H copy of `device_sizes` on `stream`, filed under the `handle` buffer.
   xla::ffi::Error Issue(const int32_t* device_sizes, const void* handle, int64_t groups,
                         cudaStream_t stream);
+
+  // Files `handle` (the backward's copy of `snapshot`) under the slot that `snapshot` is filed
+  // under, if that slot still holds its copy and no earlier Reuse took that filing; else issues
+  // a fresh copy of `snapshot` filed under `handle`. Either way `handle` is then readable.
+  xla::ffi::Error Reuse(const int32_t* snapshot, const void* handle, int64_t groups, cudaStream_t stream);
 
   // Host copy of the sizes behind `handle`: from its pinned slot after waiting on the slot's
   // event when `async`, else (or when the slot is gone) by a synchronous D2H of `handle` itself.
@@ -69,16 +82,20 @@ class HostSizeSlots {
     cudaEvent_t ready = nullptr;
     uint64_t generation = 0;
     int64_t groups = 0;
-    const void* handle = nullptr;
+    std::vector<const void*> handles;  // the addresses filed under this generation
   };
   struct Filed {
     int slot;
     uint64_t generation;
+    bool spent;  // no Reuse may take it: one did already, or it is a backward's own
   };
 
   xla::ffi::Error Init();
   void Release();
   bool TryPinned(const void* handle, int64_t groups, int32_t* out);
+  // Issue with mu_ held; a handle that is no forward's (a backward's fresh copy) is not reusable.
+  xla::ffi::Error IssueLocked(const int32_t* device_sizes, const void* handle, int64_t groups, cudaStream_t stream,
+                              bool reusable);
   xla::ffi::Error ReadSync(const int32_t* handle, int64_t groups, cudaStream_t stream, int32_t* out);
 
   std::mutex mu_;

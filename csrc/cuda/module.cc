@@ -25,6 +25,7 @@ NB_MODULE(_te_async_cuda, m) {
   m.def("registrations", []() {
     nb::dict d;
     d["te_async_copy_group_sizes"] = te_async::EncapsulateFfiHandler(te_async::kCopyGroupSizesCuda);
+    d["te_async_reuse_group_sizes"] = te_async::EncapsulateFfiHandler(te_async::kReuseGroupSizesCuda);
     d["te_async_grouped_gemm"] = te_async::EncapsulateFfiHandler(te_async::kGroupedGemmCuda);
     d["te_async_grouped_gemm_device"] = te_async::EncapsulateFfiHandler(te_async::kGroupedGemmDeviceCuda);
     d["te_async_dense_gemm"] = te_async::EncapsulateFfiHandler(te_async::kDenseGemmCuda);
@@ -40,6 +41,8 @@ NB_MODULE(_te_async_cuda, m) {
     d["event_waits"] = s.event_waits;
     d["sync_reads"] = s.sync_reads;
     d["fallback_reads"] = s.fallback_reads;
+    d["reused"] = s.reused;
+    d["reuse_misses"] = s.reuse_misses;
     return d;
   });
   m.def("device_counters", [](int device) {

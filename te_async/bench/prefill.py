@@ -1,14 +1,15 @@
-"""Prefill expert GEMMs: TFLOP/s of each group-sizes mode against XLA's ragged_dot and a dense GEMM.
+"""Prefill expert GEMMs: TFLOP/s of each group-sizes mode against torch._grouped_mm and XLA.
 
 At DeepSeek-V2-Lite's shapes (64 experts, hidden 2048, ffn 1408, top-6) and 4096 tokens, fc1 is
-[24576, 2048] x [64, 2048, 2816] and fc2 is [24576, 1408] x [64, 1408, 2048]; their weight
-gradients (ragged k: [M, K]^T x [M, N] -> [64, K, N]) are timed too (--gemms picks). Two splits
-of the rows over the experts: even (384 rows each), and the skewed split from the
+[24576, 2048] x [64, 2048, 2816] and fc2 is [24576, 1408] x [64, 1408, 2048]; their input
+gradients (ragged m with the weights transposed) and weight gradients (ragged k: [M, K]^T x
+[M, N] -> [64, K, N]) are timed too (--gemms picks): the six GEMMs of a training step. Two
+splits of the rows over the experts: even (384 rows each), and the skewed split from the
 TransformerEngine stall report (docs/diagnosis-grouped-linear-stall.md; 12288 rows, with empty
-experts). Beside te_async's modes: jax.lax.ragged_dot (XLA), the Pallas Mosaic-GPU
-ragged_dot_mgpu where it imports, and a dense GEMM of the same FLOPs; the weight gradients have
-only the dense GEMM to compare, having no ragged-k form in XLA or Pallas here. TFLOP/s are given
-by wall clock and, on a GPU, by the call's kernel time from the profiler.
+experts). Beside te_async's modes: torch._grouped_mm where torch with CUDA imports (the same
+run, wall clock only), jax.lax.ragged_dot (XLA), the Pallas Mosaic-GPU ragged_dot_mgpu where it
+imports (forward form only), and a dense GEMM of the same FLOPs. TFLOP/s are given by wall clock
+and, for the JAX contenders on a GPU, by the call's kernel time from the profiler.
 """
 
 import functools
@@ -21,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import GROUP_SIZES_MODES, grouped_gemm, plan
-from . import presets, timing
+from . import presets, timing, torch_reference
 
 # The skewed split of the TransformerEngine stall report (NVIDIA/TransformerEngine#1499): rows
 # per expert of DeepSeek-V2-Lite's 64, summing to 12288, half of a 4096-token prefill's rows.
@@ -34,10 +35,17 @@ REPORT_SKEWED_SPLIT = [
 REPORT_TFLOPS = {"H800": {"fc1": 253.4, "fc2": 133.3}, "A800": {"fc1": 149.3, "fc2": 106.1}}
 
 
+# The grouped_gemm arguments of each GEMM form: forward x @ w, input gradient dy @ w^T (rhs
+# [G, N, K]) and weight gradient x^T dy.
+FORMS = {"m": dict(ragged="m"), "mT": dict(ragged="m", transpose_rhs=True), "k": dict(ragged="k")}
+TORCH = "torch_grouped_mm"
+
+
 def gemms(model) -> dict:
-    """name -> (ragged dimension, K, N) of a layer's expert GEMMs and their weight gradients."""
-    fc1, fc2 = (model.hidden, 2 * model.ffn), (model.ffn, model.hidden)  # fc1: swiglu's [gate | linear]
-    return {"fc1": ("m", *fc1), "fc2": ("m", *fc2), "fc1_wgrad": ("k", *fc1), "fc2_wgrad": ("k", *fc2)}
+    """name -> (form, K, N) of a layer's six expert GEMMs: forward, input and weight gradients."""
+    h, f2, f = model.hidden, 2 * model.ffn, model.ffn  # fc1: swiglu's [gate | linear]
+    return {"fc1": ("m", h, f2), "fc2": ("m", f, h), "fc1_dgrad": ("mT", f2, h), "fc2_dgrad": ("mT", h, f),
+            "fc1_wgrad": ("k", h, f2), "fc2_wgrad": ("k", f, h)}
 
 
 # At the GPU default's shapes: the names --gemms takes, and the shapes of the tools and tests.
@@ -59,8 +67,8 @@ def add_arguments(p) -> None:
     p.add_argument("--tokens", type=int, help="tokens of the prefill (default: 4096; 256 with --preset tiny)")
     p.add_argument("--gemms", nargs="*", default=list(GEMMS), choices=list(GEMMS), help="default: all")
     p.add_argument("--contenders", nargs="*", default=None,
-                   help="te_async_sync, te_async_async, te_async_device, xla_ragged_dot, pallas_ragged_dot_mgpu (GPU), "
-                        "dense_same_flops (default: all that run here)")
+                   help="te_async_sync, te_async_async, te_async_device, torch_grouped_mm (GPU), xla_ragged_dot, "
+                        "pallas_ragged_dot_mgpu (GPU), dense_same_flops (default: all that run here)")
     p.add_argument("--cutlass-configs", action="store_true",
                    help="also run device mode once per CUTLASS tile config (te_async_device[<config>]), "
                         "to check or tune the config heuristic")
@@ -79,27 +87,60 @@ def _mgpu_ragged_dot():
     return lambda lhs, rhs, gs: ragged_dot_mgpu.ragged_dot(lhs, rhs, group_sizes=gs, **kw)
 
 
-def contenders(ragged: str, k: int, n: int, cutlass_configs: bool = False) -> dict:
-    out = {f"te_async_{m}": functools.partial(grouped_gemm, ragged=ragged, group_sizes_mode=m) for m in GROUP_SIZES_MODES}
-    for config in plan.cutlass_configs(ragged) if cutlass_configs else []:
-        out[f"te_async_device[{config}]"] = functools.partial(grouped_gemm, ragged=ragged, group_sizes_mode="device")
-    if ragged == "k":
+def contenders(form: str, k: int, n: int, cutlass_configs: bool = False) -> dict:
+    """name -> fn(lhs, rhs, group_sizes) of the JAX contenders of one GEMM form."""
+    kw = FORMS[form]
+    out = {f"te_async_{m}": functools.partial(grouped_gemm, **kw, group_sizes_mode=m) for m in GROUP_SIZES_MODES}
+    for config in plan.cutlass_configs(kw["ragged"]) if cutlass_configs else []:
+        out[f"te_async_device[{config}]"] = functools.partial(grouped_gemm, **kw, group_sizes_mode="device")
+    if form == "k":
         out["dense_same_flops"] = lambda lhs, rhs, gs: jnp.dot(lhs.T, rhs)
         return out
-    out["xla_ragged_dot"] = lambda lhs, rhs, gs: jax.lax.ragged_dot(lhs, rhs, gs)
-    mgpu = _mgpu_ragged_dot()
-    if mgpu is not None:
-        out["pallas_ragged_dot_mgpu"] = mgpu
+    if form == "mT":
+        out["xla_ragged_dot"] = lambda lhs, rhs, gs: jax.lax.ragged_dot(lhs, jnp.swapaxes(rhs, 1, 2), gs)
+    else:
+        out["xla_ragged_dot"] = lambda lhs, rhs, gs: jax.lax.ragged_dot(lhs, rhs, gs)
+        mgpu = _mgpu_ragged_dot()
+        if mgpu is not None:
+            out["pallas_ragged_dot_mgpu"] = mgpu
     out["dense_same_flops"] = lambda lhs, rhs, gs: jnp.dot(lhs, rhs[0].reshape(k, n))
     return out
 
 
-def make_rhs(ragged: str, k: int, n: int, rows: int, key, dtype, experts: int = EXPERTS) -> jax.Array:
-    """The second operand: the experts' weights [experts, K, N] (ragged m), or an output gradient
-    dy [rows, N] (ragged k, the weight-gradient GEMM x^T dy)."""
-    if ragged == "m":
-        return jax.random.normal(key, (experts, k, n), dtype) / math.sqrt(k)
-    return jax.random.normal(jax.random.fold_in(key, 7), (rows, n), dtype)
+def make_rhs(form: str, k: int, n: int, rows: int, key, dtype, experts: int = EXPERTS) -> jax.Array:
+    """The second operand: the experts' weights [experts, K, N] (forward) or [experts, N, K] (input
+    gradient), or an output gradient dy [rows, N] (ragged k, the weight-gradient GEMM x^T dy)."""
+    if form == "k":
+        return jax.random.normal(jax.random.fold_in(key, 7), (rows, n), dtype)
+    shape = (experts, k, n) if form == "m" else (experts, n, k)
+    return jax.random.normal(key, shape, dtype) / math.sqrt(k)
+
+
+def _torch_case(form: str, lhs_sets):
+    """(fn, torch input sets, fn's output as the JAX contenders lay it out) of torch._grouped_mm."""
+    mm = torch_reference.gemm(form)
+    second = (lambda rhs: torch_reference.tensor(rhs)) if form == "k" else torch_reference.linear_weights
+    sets = [(torch_reference.tensor(lhs), second(rhs), torch_reference.offsets(gs)) for lhs, rhs, gs in lhs_sets]
+    as_jax_layout = (lambda t: t.transpose(1, 2)) if form == "k" else (lambda t: t)  # [G, N, K] -> [G, K, N]
+    return mm, sets, lambda out: torch_reference.to_numpy(as_jax_layout(out))
+
+
+def _measure(name: str, fn, form: str, lhs_sets, reps: int, config, flops: int) -> tuple:
+    """(timing fields, the output as numpy or None for the dense GEMM) of one contender."""
+    if name == TORCH:
+        fn, sets, output = _torch_case(form, lhs_sets)
+        t = timing.time_calls(fn, sets, reps=reps, inner=3, block=torch_reference.block)
+        return {**t.as_dict(), "tflops": flops / t.median_s / 1e12, "gpu_tflops": None}, output(fn(*sets[0]))
+    # TE_ASYNC_CUTLASS_CONFIG is read when a call is traced, and each contender is a fresh jit, so
+    # no cached executable keeps an earlier config.
+    with mock.patch.dict(os.environ, {"TE_ASYNC_CUTLASS_CONFIG": config} if config else {}):
+        f = jax.jit(fn)
+        reps = reps if name != "xla_ragged_dot" else max(5, reps // 6)  # ~25 ms per call
+        t = timing.time_calls(f, lhs_sets, reps=reps, inner=3)
+        gpu_s = timing.device_time_s(f, lhs_sets, calls=max(3, reps // 3))
+        out = None if name == "dense_same_flops" else np.asarray(f(*lhs_sets[0]), np.float32)
+    return {**t.as_dict(), "tflops": flops / t.median_s / 1e12,
+            "gpu_tflops": None if gpu_s is None else flops / gpu_s / 1e12}, out
 
 
 def run(args) -> dict:
@@ -109,39 +150,35 @@ def run(args) -> dict:
     key = jax.random.key(0)
     results = []
     for gemm in args.gemms:
-        ragged, k, n = gemms(model)[gemm]
+        form, k, n = gemms(model)[gemm]
         for split, sizes in splits(model, tokens).items():
             rows = int(sum(sizes))
             gs = jnp.asarray(sizes, jnp.int32)
-            rhs = make_rhs(ragged, k, n, rows, key, dtype, model.experts)
+            rhs = make_rhs(form, k, n, rows, key, dtype, model.experts)
             lhs_sets = [(jax.random.normal(jax.random.fold_in(key, i), (rows, k), dtype), rhs, gs) for i in range(2)]
             flops = 2 * rows * k * n
             reference = None
-            for name, fn in contenders(ragged, k, n, args.cutlass_configs).items():
+            fns = contenders(form, k, n, args.cutlass_configs)
+            if jax.default_backend() == "gpu":
+                fns[TORCH] = None  # _measure runs it on torch tensors
+            for name, fn in fns.items():
                 if args.contenders and name not in args.contenders:
                     continue
                 row = {"gemm": gemm, "split": split, "contender": name, "m": rows, "k": k, "n": n}
                 if name == "te_async_device":
-                    shape = plan.GemmShape(model.experts, rows, k, n, ragged_k=ragged == "k", dtype=jnp.dtype(dtype).name)
+                    shape = plan.GemmShape(model.experts, rows, k, n, ragged_k=form == "k", transpose_rhs=form == "mT",
+                                           dtype=jnp.dtype(dtype).name)
                     row["kernel"] = plan.plan_device_gemm(shape).label
                 config = name[len("te_async_device["):-1] if name.startswith("te_async_device[") else None
                 if config:
                     row["kernel"] = config
                 try:
-                    # TE_ASYNC_CUTLASS_CONFIG is read when a call is traced, and each contender is a
-                    # fresh jit, so no cached executable keeps an earlier config.
-                    with mock.patch.dict(os.environ, {"TE_ASYNC_CUTLASS_CONFIG": config} if config else {}):
-                        f = jax.jit(fn)
-                        reps = args.reps if name != "xla_ragged_dot" else max(5, args.reps // 6)  # ~25 ms per call
-                        t = timing.time_calls(f, lhs_sets, reps=reps, inner=3)
-                        row.update(t.as_dict(), tflops=flops / t.median_s / 1e12)
-                        gpu_s = timing.device_time_s(f, lhs_sets, calls=max(3, reps // 3))
-                        row["gpu_tflops"] = None if gpu_s is None else flops / gpu_s / 1e12
-                        if name != "dense_same_flops":
-                            out = np.asarray(f(*lhs_sets[0]), np.float32)
-                            if reference is None:
-                                reference = out
-                            row["rel_error_vs_first"] = float(np.linalg.norm(out - reference) / np.linalg.norm(reference))
+                    fields, out = _measure(name, fn, form, lhs_sets, args.reps, config, flops)
+                    row.update(fields)
+                    if out is not None:
+                        if reference is None:
+                            reference = out
+                        row["rel_error_vs_first"] = float(np.linalg.norm(out - reference) / np.linalg.norm(reference))
                 except Exception as e:  # a contender that cannot run here is recorded, not fatal
                     row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
                 results.append(row)

@@ -35,17 +35,19 @@ class Timing(NamedTuple):
         return {"median_ms": 1e3 * self.median_s, "p10_ms": 1e3 * self.p10_s, "p90_ms": 1e3 * self.p90_s, "samples": self.samples}
 
 
-def time_calls(fn: Callable, inputs: Sequence[tuple], *, reps: int = 30, inner: int = 5, warmup: int = 3) -> Timing:
-    """Seconds per call of fn(*inputs[i]): `reps` batches of `inner` calls, median over batches."""
+def time_calls(fn: Callable, inputs: Sequence[tuple], *, reps: int = 30, inner: int = 5, warmup: int = 3,
+               block: Callable = jax.block_until_ready) -> Timing:
+    """Seconds per call of fn(*inputs[i]): `reps` batches of `inner` calls, median over batches;
+    `block(out)` waits for a batch's last output (torch contenders pass their own)."""
     for i in range(warmup):
-        jax.block_until_ready(fn(*inputs[i % len(inputs)]))
+        block(fn(*inputs[i % len(inputs)]))
     per_call = []
     for r in range(reps):
         t0 = time.perf_counter()
         out = None
         for i in range(inner):
             out = fn(*inputs[(r * inner + i) % len(inputs)])
-        jax.block_until_ready(out)
+        block(out)
         per_call.append((time.perf_counter() - t0) / inner)
     q = np.percentile(per_call, [10, 90])
     return Timing(statistics.median(per_call), float(q[0]), float(q[1]), reps)

@@ -1,17 +1,21 @@
-"""Training step of the expert MLP: grouped_mlp forward + backward per mode, against ragged_dot's.
+"""Training step of the expert MLP: grouped_mlp forward + backward per mode, against torch and ragged_dot.
 
 grouped_mlp (rmsnorm -> fc1 -> swiglu -> fc2), its output and its gradients with respect to the
 input, both weights and the norm scale, for each group_sizes_mode, beside the same layer written
-with jax.lax.ragged_dot, XLA's grouped GEMM (what plain JAX offers). Rows are those of a
-prefill: at DeepSeek-V2-Lite's shapes, 4096 tokens x top-6 = 24576 rows over 64 experts, split
-as the prefill benchmark splits them: even, and the skewed split from the TransformerEngine stall
-report (docs/diagnosis-grouped-linear-stall.md; 12288 rows, with empty experts).
+with torch._grouped_mm under torch's autograd (eager; where torch with CUDA imports: the GPU
+machine has it) and with jax.lax.ragged_dot, XLA's grouped GEMM (what plain JAX offers). Rows are
+those of a prefill: at DeepSeek-V2-Lite's shapes, 4096 tokens x top-6 = 24576 rows over 64
+experts, split as the prefill benchmark splits them: even, and the skewed split from the
+TransformerEngine stall report (docs/diagnosis-grouped-linear-stall.md; 12288 rows, with empty
+experts).
 
-Time: per call of one jitted forward + backward of the layer, i.e. per layer, the median over
-batches of back-to-back calls (wall clock), and on a GPU the call's kernel time from the
-profiler. TFLOP/s count the six GEMMs alone, 2 * rows * K * N each over the routed rows: fc1 and
-fc2 forward, their input gradients (dgrad) and their weight gradients (wgrad); the norm and the
-activation are left out.
+A call runs a stack of layers, x + mlp_i(x) each with its own weights, forward and backward. Time
+per layer two ways, both wall clock (median over batches of back-to-back calls): a 1-layer call,
+which carries the call's fixed cost, and the slope between a 1-layer and a --depth-layer call,
+which is what a layer adds to a model's step. TFLOP/s count the six GEMMs alone, 2 * rows * K * N
+each over the routed rows: fc1 and fc2 forward, their input gradients (dgrad) and their weight
+gradients (wgrad); the norm and the activation are left out. On a GPU the JAX contenders' 1-layer
+calls are also timed on the profiler's kernel time (GPU busy).
 """
 
 import math
@@ -22,18 +26,22 @@ import numpy as np
 
 from .. import GROUP_SIZES_MODES, grouped_mlp
 from ..mlp import normalize
-from . import presets, timing
+from . import presets, timing, torch_reference
 from .decode import ACTIVATION, EPS, NORM, ragged_dot_mlp
 from .prefill import splits
 
 REFERENCE = "xla_ragged_dot"
-CONTENDERS = (REFERENCE, *GROUP_SIZES_MODES)  # the reference first: the others are checked against it
+TORCH = "torch_grouped_mm"
+CONTENDERS = (REFERENCE, *GROUP_SIZES_MODES, TORCH)  # the reference first: the others are checked against it
 
 
 def add_arguments(p) -> None:
     presets.add_argument(p)
     p.add_argument("--tokens", type=int, help="tokens of the prefill (default: 4096; 256 with --preset tiny)")
-    p.add_argument("--contenders", nargs="*", default=list(CONTENDERS), choices=CONTENDERS, help="default: all")
+    p.add_argument("--contenders", nargs="*", default=list(CONTENDERS), choices=CONTENDERS,
+                   help="default: all (torch_grouped_mm where torch has CUDA)")
+    p.add_argument("--depth", type=presets.positive_int, default=4,
+                   help="layers of the deeper call the per-layer slope is taken against (default: 4; 1: no slope)")
     p.add_argument("--reps", type=int, default=30, help="timing samples of 3 calls each (default: 30)")
 
 
@@ -46,26 +54,59 @@ def layer(contender: str):
 
 
 def forward_backward(contender: str):
-    """The jitted training step of one layer: its output and the gradients for output gradient dy."""
+    """The jitted training step of a layer stack: (x, gs, weights, dy) -> (y, (dx, d weights)), where
+    weights holds (w_fc1, w_fc2, norm_scale) per layer and each layer adds its MLP to x."""
 
-    def step(x, gs, w1, w2, scale, dy):
-        y, pullback = jax.vjp(lambda *a: layer(contender)(a[0], gs, *a[1:]), x, w1, w2, scale)
+    def forward(x, gs, weights):
+        for w1, w2, scale in weights:
+            x = x + layer(contender)(x, gs, w1, w2, scale)
+        return x
+
+    def step(x, gs, weights, dy):
+        y, pullback = jax.vjp(lambda x_, w_: forward(x_, gs, w_), x, weights)
         return y, pullback(dy)
 
     return jax.jit(step)
 
 
 def gemm_flops(rows: int, model) -> int:
-    """The six GEMMs of a training step: each of fc1 [rows, H] x [H, 2F] and fc2 [rows, F] x [F, H]
-    forward, for the input gradient and for the weight gradient."""
+    """The six GEMMs of a layer's training step: each of fc1 [rows, H] x [H, 2F] and fc2 [rows, F] x
+    [F, H] forward, for the input gradient and for the weight gradient."""
     return 3 * (2 * rows * model.hidden * 2 * model.ffn + 2 * rows * model.ffn * model.hidden)
 
 
 def _rel_error(out, ref) -> float:
-    """The largest relative error over the output and the gradients."""
+    """The largest relative error over the output and the gradients (leaves in the same order)."""
     pairs = zip(jax.tree.leaves(out), jax.tree.leaves(ref))
     return max(float(np.linalg.norm(np.asarray(o, np.float32) - np.asarray(r, np.float32)) / np.linalg.norm(np.asarray(r, np.float32)))
                for o, r in pairs)
+
+
+def _torch_case(sets):
+    """(step, torch input sets, step's output as numpy leaves in the JAX contenders' order)."""
+    step = torch_reference.mlp_stack_step(EPS)
+    t = torch_reference.tensor
+    torch_sets = [(t(x), t(gs), [(torch_reference.linear_weights(w1), torch_reference.linear_weights(w2), t(scale))
+                                 for w1, w2, scale in weights], t(dy)) for x, gs, weights, dy in sets]
+
+    def output(out):
+        y, (dx, d_weights) = out
+        leaves = [y, dx] + [g for dw1_t, dw2_t, dscale in d_weights for g in (dw1_t.transpose(1, 2), dw2_t.transpose(1, 2), dscale)]
+        return [torch_reference.to_numpy(g) for g in leaves]
+
+    return step, torch_sets, output
+
+
+def _measure(name: str, sets, reps: int, profile: bool) -> tuple:
+    """(wall-clock Timing, GPU busy seconds or None, the first set's output as leaves) of one contender."""
+    if name == TORCH:
+        step, torch_sets, output = _torch_case(sets)
+        t = timing.time_calls(step, torch_sets, reps=reps, inner=3, block=torch_reference.block)
+        return t, None, output(step(*torch_sets[0]))
+    f = forward_backward(name)
+    t = timing.time_calls(f, sets, reps=reps, inner=3)
+    gpu_s = timing.device_time_s(f, sets, calls=max(3, reps // 3)) if profile else None
+    return t, gpu_s, jax.tree.leaves(f(*sets[0]))
 
 
 def run(args) -> dict:
@@ -74,34 +115,42 @@ def run(args) -> dict:
     tokens = args.tokens or presets.prefill_tokens(preset)
     key = jax.random.key(0)
     normal = lambda i, shape, scale=1.0: jax.random.normal(jax.random.fold_in(key, i), shape, dtype) * scale
-    w1 = normal(1, (model.experts, model.hidden, 2 * model.ffn), 1 / math.sqrt(model.hidden))
-    w2 = normal(2, (model.experts, model.ffn, model.hidden), 1 / math.sqrt(model.ffn))
-    scale = jnp.ones((model.hidden,), jnp.float32)
+    weights = [(normal(100 + 3 * i, (model.experts, model.hidden, 2 * model.ffn), 1 / math.sqrt(model.hidden)),
+                normal(101 + 3 * i, (model.experts, model.ffn, model.hidden), 1 / math.sqrt(model.ffn)),
+                1 + 0.1 * jax.random.normal(jax.random.fold_in(key, 102 + 3 * i), (model.hidden,), jnp.float32))
+               for i in range(args.depth)]
+    names = [c for c in CONTENDERS if c in args.contenders and (c != TORCH or jax.default_backend() == "gpu")]
     results = []
     for split, sizes in splits(model, tokens).items():
         rows = int(sum(sizes))
         gs = jnp.asarray(sizes, jnp.int32)
-        sets = [(normal(10 + i, (rows, model.hidden)), gs, w1, w2, scale, normal(20 + i, (rows, model.hidden))) for i in range(2)]
         flops = gemm_flops(rows, model)
+        inputs = [(normal(10 + i, (rows, model.hidden)), gs, normal(20 + i, (rows, model.hidden))) for i in range(2)]
         reference = None
-        for name in [c for c in CONTENDERS if c in args.contenders]:
-            row = {"split": split, "contender": name, "rows": rows, "gemm_flops": flops, "rel_error_vs_ragged_dot": None}
+        for name in names:
+            row = {"split": split, "contender": name, "rows": rows, "gemm_flops_per_layer": flops, "rel_error_vs_ragged_dot": None}
             try:
-                f = forward_backward(name)
-                out = f(*sets[0])
+                reps = args.reps if name != REFERENCE else max(5, args.reps // 6)  # ragged_dot is slow on a GPU
+                depths = (1,) if name == REFERENCE or args.depth == 1 else (1, args.depth)
+                per_depth = {}
+                for depth in depths:
+                    sets = [(x, g, weights[:depth], dy) for x, g, dy in inputs]
+                    per_depth[depth] = _measure(name, sets, reps, profile=depth == 1)
+                t1, gpu_s, out = per_depth[1]
                 if name == REFERENCE:
                     reference = out
                 elif reference is not None:
                     row["rel_error_vs_ragged_dot"] = _rel_error(out, reference)
-                reps = args.reps if name != REFERENCE else max(5, args.reps // 6)  # ragged_dot is slow on a GPU
-                t = timing.time_calls(f, sets, reps=reps, inner=3)
-                gpu_s = timing.device_time_s(f, sets, calls=max(3, reps // 3))
-                row.update(t.as_dict(), tflops=flops / t.median_s / 1e12, gpu_tflops=None if gpu_s is None else flops / gpu_s / 1e12)
+                row.update(t1.as_dict(), tflops=flops / t1.median_s / 1e12,
+                           gpu_tflops=None if gpu_s is None else flops / gpu_s / 1e12)
+                if args.depth in per_depth and args.depth > 1:
+                    slope_s = (per_depth[args.depth][0].median_s - t1.median_s) / (args.depth - 1)
+                    row.update(depth=args.depth, slope_ms=1e3 * slope_s, slope_tflops=flops / slope_s / 1e12)
             except Exception as e:  # a contender that cannot run here is recorded, not fatal
                 row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
             results.append(row)
             print(_line(row), flush=True)
-    result = {"benchmark": "train", "preset": preset, "shapes": model._asdict(), "tokens": tokens,
+    result = {"benchmark": "train", "preset": preset, "shapes": model._asdict(), "tokens": tokens, "depth": args.depth,
               "dtype": jnp.dtype(dtype).name, "results": results}
     (args.out / "train.md").write_text(markdown(result))
     print(markdown(result))
@@ -110,26 +159,33 @@ def run(args) -> dict:
 
 def _line(row) -> str:
     if "error" in row:
-        return f"{row['split']:6s} {row['contender']:15s} error: {row['error'][:160]}"
+        return f"{row['split']:6s} {row['contender']:16s} error: {row['error'][:160]}"
     gpu = "" if row["gpu_tflops"] is None else f" (GPU time {row['gpu_tflops']:6.3g})"
+    slope = "" if "slope_ms" not in row else f"; slope over {row['depth']} layers {row['slope_ms']:.3f} ms {row['slope_tflops']:6.3g} TFLOP/s"
     err = "" if row["rel_error_vs_ragged_dot"] is None else f"  err vs ragged_dot {row['rel_error_vs_ragged_dot']:.1e}"
-    return f"{row['split']:6s} {row['contender']:15s} {row['median_ms']:9.3f} ms/layer {row['tflops']:7.3g} TFLOP/s{gpu}{err}"
+    return f"{row['split']:6s} {row['contender']:16s} {row['median_ms']:9.3f} ms/layer {row['tflops']:7.3g} TFLOP/s{gpu}{slope}{err}"
+
+
+def _cell(r) -> str:
+    if "error" in r:
+        return "error"
+    gpu = "" if r.get("gpu_tflops") is None else f" / {r['gpu_tflops']:.3g}"
+    one = f"{r['median_ms']:.3f} ({r['tflops']:.3g}{gpu})"
+    return one if "slope_ms" not in r else f"{one}; slope {r['slope_ms']:.3f} ({r['slope_tflops']:.3g})"
 
 
 def markdown(result) -> str:
     rows = result["results"]
     splits_run = list(dict.fromkeys(r["split"] for r in rows))
-    lines = ["| contender | " + " | ".join(f"{s} ms (TFLOP/s)" for s in splits_run) + " |", "|---" * (len(splits_run) + 1) + "|"]
+    lines = ["| contender | " + " | ".join(f"{s}: ms per layer (TFLOP/s)" for s in splits_run) + " |",
+             "|---" * (len(splits_run) + 1) + "|"]
     for name in dict.fromkeys(r["contender"] for r in rows):
-        cells = []
-        for split in splits_run:
-            r = next(r for r in rows if r["split"] == split and r["contender"] == name)
-            gpu = "" if r.get("gpu_tflops") is None else f" / {r['gpu_tflops']:.3g}"
-            cells.append("error" if "error" in r else f"{r['median_ms']:.3f} ({r['tflops']:.3g}{gpu})")
+        cells = [_cell(next(r for r in rows if r["split"] == split and r["contender"] == name)) for split in splits_run]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     rows_by_split = ", ".join(f"{s} {next(r['rows'] for r in rows if r['split'] == s)}" for s in splits_run)
     lines.append("")
-    lines.append(f"grouped_mlp forward + backward, ms per layer (one jitted call, median of back-to-back calls), "
-                 f"{result['preset']}, {result['dtype']}, routed rows: {rows_by_split}. TFLOP/s of the six GEMMs "
-                 "by wall clock / by the call's GPU kernel time (profiler), where there is a GPU.")
+    lines.append(f"grouped_mlp forward + backward, ms per layer, {result['preset']}, {result['dtype']}, routed rows: "
+                 f"{rows_by_split}. First a 1-layer call (wall clock, median of back-to-back calls; TFLOP/s of the six "
+                 "GEMMs by wall clock / by the call's GPU kernel time where the profiler sees it), then the slope "
+                 f"between 1- and {result['depth']}-layer calls (wall clock).")
     return "\n".join(lines) + "\n"

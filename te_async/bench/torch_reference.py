@@ -1,0 +1,94 @@
+"""torch._grouped_mm, the reference the training benchmarks measure te_async against in the same run.
+
+PyTorch's grouped GEMM is one CUTLASS kernel for all groups that reads the group offsets on the
+GPU, as te_async's device mode does; it is what PyTorch MoE training (torchtitan, transformers'
+"grouped_mm" experts) runs. torch is not a dependency of te_async: these contenders exist where
+torch with CUDA imports (the GPU machine has it) and report an error elsewhere.
+
+Operands come from the JAX arrays through DLPack (no copy). Weights are laid out as PyTorch
+holds them, [G, N, K] (nn.Linear's out x in) and used transposed in the forward, the layout
+torch._grouped_mm is built for; the gradients are what torch's autograd computes, eagerly.
+Times are wall clock only (no profiler of te_async's kind reads torch's kernels).
+"""
+
+import functools
+
+import numpy as np
+
+
+@functools.cache
+def _torch():
+    """The torch module, or an ImportError/RuntimeError saying why it cannot run here."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("torch has no CUDA device here")
+    if not hasattr(torch, "_grouped_mm"):
+        raise RuntimeError(f"torch {torch.__version__} has no _grouped_mm")
+    return torch
+
+
+def block(_out) -> None:
+    """Waits for the GPU work torch has queued (timing.time_calls's `block`)."""
+    _torch().cuda.synchronize()
+
+
+def tensor(x):
+    """A JAX array as a torch tensor on the same GPU memory."""
+    return _torch().from_dlpack(x)
+
+
+def to_numpy(t) -> np.ndarray:
+    return t.float().cpu().numpy()
+
+
+def offsets(group_sizes):
+    """torch._grouped_mm's offs: the groups' cumulative row ends, int32 on the GPU."""
+    torch = _torch()
+    return torch.cumsum(tensor(group_sizes), 0).to(torch.int32)
+
+
+def linear_weights(w):
+    """A [G, K, N] JAX weight as PyTorch holds it: [G, N, K] contiguous."""
+    return tensor(w).transpose(1, 2).contiguous()
+
+
+def gemm(form: str):
+    """fn(lhs, second, offs) of one grouped GEMM form on torch tensors, where `second` is
+    linear_weights(the JAX rhs) for ragged m and the output gradient dy [M, N] for ragged k:
+    "m" forward x @ w, "mT" input gradient dy @ w^T, "k" weight gradient, which comes out [G, N, K]
+    (dy^T x, the layout of PyTorch's weight gradient)."""
+    mm = _torch()._grouped_mm
+    if form == "m":
+        return lambda x, w_t, offs: mm(x, w_t.transpose(1, 2), offs=offs)
+    if form == "mT":
+        return lambda dy, w_t, offs: mm(dy, w_t, offs=offs)
+    return lambda x, dy, offs: mm(dy.t(), x, offs=offs)
+
+
+def mlp_stack_step(eps: float):
+    """step(x, group_sizes, weights, dy) -> (y, (dx, [(dw1_t, dw2_t, dscale) per layer])): the layer
+    stack of the train benchmark, x + mlp(x) per (w1_t, w2_t, scale) of `weights`, with grouped_mlp's
+    math (rmsnorm and swiglu in float32, cast back; fc1 [gate | linear]), forward and backward under
+    torch's autograd, eager."""
+    torch = _torch()
+    mm = torch._grouped_mm
+
+    def mlp(x, w1_t, w2_t, scale, offs):
+        xf = x.float()
+        xn = (xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps) * scale).to(x.dtype)
+        gate, linear = mm(xn, w1_t.transpose(1, 2), offs=offs).float().chunk(2, dim=-1)
+        a = (torch.nn.functional.silu(gate) * linear).to(x.dtype)
+        return mm(a, w2_t.transpose(1, 2), offs=offs)
+
+    def step(x, group_sizes, weights, dy):
+        offs = torch.cumsum(group_sizes, 0).to(torch.int32)
+        x = x.detach().requires_grad_()
+        leaves = [[w.detach().requires_grad_() for w in layer] for layer in weights]
+        y = x
+        for w1_t, w2_t, scale in leaves:
+            y = y + mlp(y, w1_t, w2_t, scale, offs)
+        grads = torch.autograd.grad(y, [x] + [w for layer in leaves for w in layer], dy)
+        return y.detach(), (grads[0], [tuple(grads[1 + 3 * i:4 + 3 * i]) for i in range(len(leaves))])
+
+    return step
