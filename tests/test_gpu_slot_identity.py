@@ -152,9 +152,8 @@ def test_backward_reuses_forward_copy(rng, scan):
     assert delta["reused"] + delta["reuse_misses"] == layers
     assert delta["copies"] == layers + delta["reuse_misses"]
     assert delta["fallback_reads"] == 0 and delta["repaired_reads"] == 0 and delta["sync_reads"] == 0
-    assert delta["event_waits"] == 6 * layers  # fc1 and fc2 forward, their dgrad and wgrad
-    if not scan:
-        assert delta["reused"] == layers
+    if not scan:  # (under scan XLA may run a forward GEMM once more for the backward's residuals)
+        assert delta["reused"] == layers and delta["event_waits"] == 6 * layers  # 2 forward, 2 dgrad, 2 wgrad
 
 
 def test_reused_copy_past_the_ring(rng):
@@ -164,9 +163,11 @@ def test_reused_copy_past_the_ring(rng):
 
     def f(lhs, rhs, s):
         out, pull = jax.vjp(lambda a, b: te_async.grouped_gemm(a, b, s, group_sizes_mode="async"), lhs, rhs)
-        # The backward (its residuals, the forward's handle among them) runs after all 66 copies.
-        _, out, pull = jax.lax.optimization_barrier(([te_async.copy_group_sizes(s + i) for i in range(1, 67)], out, pull))
-        return pull(out)
+        # The backward (its residuals, the forward's handle among them) runs after all 66 copies,
+        # which its cotangent uses (adding 0.0), so that they are not dead code.
+        copies, out, pull = jax.lax.optimization_barrier(([te_async.copy_group_sizes(s + i) for i in range(1, 67)], out, pull))
+        used = sum(jnp.sum(h.device_sizes) for h in copies).astype(out.dtype) * 0.0
+        return pull(out + used)
 
     (dlhs, drhs), delta = run("reuse past the ring", jax.jit(f), lhs[0], rhs, sizes[0])
     y = grouped_gemm_reference(lhs[0], rhs, sizes[0])
