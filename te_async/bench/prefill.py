@@ -9,7 +9,8 @@ TransformerEngine stall report (docs/diagnosis-grouped-linear-stall.md; 12288 ro
 experts). Beside te_async's modes: torch._grouped_mm where torch with CUDA imports (the same
 run, wall clock only), jax.lax.ragged_dot (XLA), the Pallas Mosaic-GPU ragged_dot_mgpu where it
 imports (forward form only), and a dense GEMM of the same FLOPs. TFLOP/s are given by wall clock
-and, for the JAX contenders on a GPU, by the call's kernel time from the profiler.
+and, on a GPU, by GPU time: for the JAX contenders the call's kernel time from the profiler, for
+torch CUDA events around back-to-back calls.
 """
 
 import functools
@@ -130,7 +131,8 @@ def _measure(name: str, fn, form: str, lhs_sets, reps: int, config, flops: int) 
     if name == TORCH:
         fn, sets, output = _torch_case(form, lhs_sets)
         t = timing.time_calls(fn, sets, reps=reps, inner=3, block=torch_reference.block)
-        return {**t.as_dict(), "tflops": flops / t.median_s / 1e12, "gpu_tflops": None}, output(fn(*sets[0]))
+        gpu_s = torch_reference.gpu_seconds(fn, sets, calls=max(3, reps // 3))
+        return {**t.as_dict(), "tflops": flops / t.median_s / 1e12, "gpu_tflops": flops / gpu_s / 1e12}, output(fn(*sets[0]))
     # TE_ASYNC_CUTLASS_CONFIG is read when a call is traced, and each contender is a fresh jit, so
     # no cached executable keeps an earlier config.
     with mock.patch.dict(os.environ, {"TE_ASYNC_CUTLASS_CONFIG": config} if config else {}):
@@ -215,6 +217,6 @@ def markdown(result) -> str:
     report = result["report_tflops"]
     lines.append("")
     lines.append(f"TFLOP/s, median, {result['preset']}, {result['tokens']} tokens: wall clock of back-to-back calls / GPU time "
-                 "of the call's kernels (profiler), where there is a GPU. TransformerEngine 1.13 in the stall report "
+                 "of the call's kernels (profiler; torch: CUDA events around back-to-back calls), where there is a GPU. TransformerEngine 1.13 in the stall report "
                  "(DeepSeek-V2-Lite, even split): " + "; ".join(f"{gpu} fc1 {v['fc1']:.0f} / fc2 {v['fc2']:.0f}" for gpu, v in report.items()))
     return "\n".join(lines) + "\n"

@@ -8,7 +8,9 @@ torch with CUDA imports (the GPU machine has it) and report an error elsewhere.
 Operands come from the JAX arrays through DLPack (no copy). Weights are laid out as PyTorch
 holds them, [G, N, K] (nn.Linear's out x in) and used transposed in the forward, the layout
 torch._grouped_mm is built for; the gradients are what torch's autograd computes, eagerly.
-Times are wall clock only (no profiler of te_async's kind reads torch's kernels).
+Times are wall clock (timing.time_calls with this module's `block`) and GPU time from CUDA
+events around back-to-back calls (gpu_seconds), which counts any idle gap between torch's
+kernels, as the JAX contenders' profiler "busy" time does not.
 """
 
 import functools
@@ -31,6 +33,20 @@ def _torch():
 def block(_out) -> None:
     """Waits for the GPU work torch has queued (timing.time_calls's `block`)."""
     _torch().cuda.synchronize()
+
+
+def gpu_seconds(fn, sets, calls: int = 10) -> float:
+    """GPU seconds per call of fn(*sets[i]): CUDA events around `calls` back-to-back calls."""
+    torch = _torch()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    fn(*sets[0])
+    torch.cuda.synchronize()
+    start.record()
+    for i in range(calls):
+        fn(*sets[i % len(sets)])
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3 / calls
 
 
 def tensor(x):

@@ -14,8 +14,9 @@ per layer two ways, both wall clock (median over batches of back-to-back calls):
 which carries the call's fixed cost, and the slope between a 1-layer and a --depth-layer call,
 which is what a layer adds to a model's step. TFLOP/s count the six GEMMs alone, 2 * rows * K * N
 each over the routed rows: fc1 and fc2 forward, their input gradients (dgrad) and their weight
-gradients (wgrad); the norm and the activation are left out. On a GPU the JAX contenders' 1-layer
-calls are also timed on the profiler's kernel time (GPU busy).
+gradients (wgrad); the norm and the activation are left out. On a GPU the 1-layer calls are also
+timed on GPU time: the profiler's kernel time (busy) for the JAX contenders, CUDA events around
+back-to-back calls for torch.
 """
 
 import math
@@ -102,7 +103,8 @@ def _measure(name: str, sets, reps: int, profile: bool) -> tuple:
     if name == TORCH:
         step, torch_sets, output = _torch_case(sets)
         t = timing.time_calls(step, torch_sets, reps=reps, inner=3, block=torch_reference.block)
-        return t, None, output(step(*torch_sets[0]))
+        gpu_s = torch_reference.gpu_seconds(step, torch_sets, calls=max(3, reps // 3)) if profile else None
+        return t, gpu_s, output(step(*torch_sets[0]))
     f = forward_backward(name)
     t = timing.time_calls(f, sets, reps=reps, inner=3)
     gpu_s = timing.device_time_s(f, sets, calls=max(3, reps // 3)) if profile else None
@@ -186,6 +188,7 @@ def markdown(result) -> str:
     lines.append("")
     lines.append(f"grouped_mlp forward + backward, ms per layer, {result['preset']}, {result['dtype']}, routed rows: "
                  f"{rows_by_split}. First a 1-layer call (wall clock, median of back-to-back calls; TFLOP/s of the six "
-                 "GEMMs by wall clock / by the call's GPU kernel time where the profiler sees it), then the slope "
+                 "GEMMs by wall clock / by GPU time: the call's kernel time from the profiler, for torch CUDA events around "
+                 "back-to-back calls), then the slope "
                  f"between 1- and {result['depth']}-layer calls (wall clock).")
     return "\n".join(lines) + "\n"
