@@ -9,7 +9,8 @@ experts, split as the prefill benchmark splits them: even, and the skewed split 
 TransformerEngine stall report (docs/diagnosis-grouped-linear-stall.md; 12288 rows, with empty
 experts).
 
-A call runs a stack of layers, x + mlp_i(x) each with its own weights, forward and backward. Time
+A call runs a stack of layers, x + mlp_i(x) each with its own weights, forward and backward:
+unrolled, or with --scan a lax.scan over stacked weights, as JAX training stacks layers. Time
 per layer two ways, both wall clock (median over batches of back-to-back calls): a 1-layer call,
 which carries the call's fixed cost, and the slope between a 1-layer and a --depth-layer call,
 which is what a layer adds to a model's step. TFLOP/s count the six GEMMs alone, 2 * rows * K * N
@@ -43,6 +44,9 @@ def add_arguments(p) -> None:
                    help="default: all (torch_grouped_mm where torch has CUDA)")
     p.add_argument("--depth", type=presets.positive_int, default=4,
                    help="layers of the deeper call the per-layer slope is taken against (default: 4; 1: no slope)")
+    p.add_argument("--scan", action="store_true",
+                   help="the layer stack as a lax.scan over stacked weights, as JAX training stacks layers (torch, "
+                        "eager, is left out)")
     p.add_argument("--reps", type=int, default=30, help="timing samples of 3 calls each (default: 30)")
 
 
@@ -54,11 +58,14 @@ def layer(contender: str):
                                                     activation=ACTIVATION, group_sizes_mode=contender)
 
 
-def forward_backward(contender: str):
+def forward_backward(contender: str, scan: bool = False):
     """The jitted training step of a layer stack: (x, gs, weights, dy) -> (y, (dx, d weights)), where
-    weights holds (w_fc1, w_fc2, norm_scale) per layer and each layer adds its MLP to x."""
+    each layer adds its MLP to x and weights holds (w_fc1, w_fc2, norm_scale) per layer, or with
+    `scan` those three stacked over the layers, which a lax.scan runs."""
 
     def forward(x, gs, weights):
+        if scan:
+            return jax.lax.scan(lambda c, w: (c + layer(contender)(c, gs, *w), None), x, weights)[0]
         for w1, w2, scale in weights:
             x = x + layer(contender)(x, gs, w1, w2, scale)
         return x
@@ -98,14 +105,14 @@ def _torch_case(sets):
     return step, torch_sets, output
 
 
-def _measure(name: str, sets, reps: int, profile: bool) -> tuple:
+def _measure(name: str, sets, reps: int, profile: bool, scan: bool) -> tuple:
     """(wall-clock Timing, GPU busy seconds or None, the first set's output as leaves) of one contender."""
     if name == TORCH:
         step, torch_sets, output = _torch_case(sets)
         t = timing.time_calls(step, torch_sets, reps=reps, inner=3, block=torch_reference.block)
         gpu_s = torch_reference.gpu_seconds(step, torch_sets, calls=max(3, reps // 3)) if profile else None
         return t, gpu_s, output(step(*torch_sets[0]))
-    f = forward_backward(name)
+    f = forward_backward(name, scan)
     t = timing.time_calls(f, sets, reps=reps, inner=3)
     gpu_s = timing.device_time_s(f, sets, calls=max(3, reps // 3)) if profile else None
     return t, gpu_s, jax.tree.leaves(f(*sets[0]))
@@ -121,7 +128,10 @@ def run(args) -> dict:
                 normal(101 + 3 * i, (model.experts, model.ffn, model.hidden), 1 / math.sqrt(model.ffn)),
                 1 + 0.1 * jax.random.normal(jax.random.fold_in(key, 102 + 3 * i), (model.hidden,), jnp.float32))
                for i in range(args.depth)]
-    names = [c for c in CONTENDERS if c in args.contenders and (c != TORCH or jax.default_backend() == "gpu")]
+    if args.scan:
+        weights = tuple(jnp.stack(w) for w in zip(*weights))
+    layers = (lambda depth: tuple(w[:depth] for w in weights)) if args.scan else (lambda depth: weights[:depth])
+    names = [c for c in CONTENDERS if c in args.contenders and (c != TORCH or (jax.default_backend() == "gpu" and not args.scan))]
     results = []
     for split, sizes in splits(model, tokens).items():
         rows = int(sum(sizes))
@@ -136,8 +146,8 @@ def run(args) -> dict:
                 depths = (1,) if name == REFERENCE or args.depth == 1 else (1, args.depth)
                 per_depth = {}
                 for depth in depths:
-                    sets = [(x, g, weights[:depth], dy) for x, g, dy in inputs]
-                    per_depth[depth] = _measure(name, sets, reps, profile=depth == 1)
+                    sets = [(x, g, layers(depth), dy) for x, g, dy in inputs]
+                    per_depth[depth] = _measure(name, sets, reps, profile=depth == 1, scan=args.scan)
                 t1, gpu_s, out = per_depth[1]
                 if name == REFERENCE:
                     reference = out
@@ -153,6 +163,7 @@ def run(args) -> dict:
             results.append(row)
             print(_line(row), flush=True)
     result = {"benchmark": "train", "preset": preset, "shapes": model._asdict(), "tokens": tokens, "depth": args.depth,
+              "scan": args.scan,
               "dtype": jnp.dtype(dtype).name, "results": results}
     (args.out / "train.md").write_text(markdown(result))
     print(markdown(result))
@@ -186,7 +197,8 @@ def markdown(result) -> str:
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     rows_by_split = ", ".join(f"{s} {next(r['rows'] for r in rows if r['split'] == s)}" for s in splits_run)
     lines.append("")
-    lines.append(f"grouped_mlp forward + backward, ms per layer, {result['preset']}, {result['dtype']}, routed rows: "
+    stack = "a lax.scan over the layers" if result["scan"] else "unrolled layers"
+    lines.append(f"grouped_mlp forward + backward, ms per layer ({stack}), {result['preset']}, {result['dtype']}, routed rows: "
                  f"{rows_by_split}. First a 1-layer call (wall clock, median of back-to-back calls; TFLOP/s of the six "
                  "GEMMs by wall clock / by GPU time: the call's kernel time from the profiler, for torch CUDA events around "
                  "back-to-back calls), then the slope "
