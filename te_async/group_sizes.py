@@ -59,11 +59,13 @@ def copy_group_sizes(group_sizes: jax.Array) -> HostGroupSizes:
 
 
 def reuse_group_sizes(handle: HostGroupSizes) -> HostGroupSizes:
-    """The handle of a backward pass, made from its forward's: where the forward's pinned slot still
-    holds its copy, the new handle is filed under that slot and nothing is copied (the backward's
-    GEMMs wait on an event that fired long ago; host_size_stats()["reused"]); where the slot has
-    been recycled (64 copies later) or the forward's handle reached the backward through a copy of
-    its buffer (a scan's stacked residuals), it issues a fresh copy (["reuse_misses"]).
+    """The handle of a backward pass, made from its forward's `handle` (kept as a residual): where
+    the forward's pinned slot still holds its copy, the new handle is filed under that slot and
+    nothing is copied (the backward's GEMMs wait on an event that fired long ago;
+    host_size_stats()["reused"]); where the slot has been recycled (64 copies later), the handle
+    reaches the backward at an address of its own (a slice of a scan's stacked residuals) or its
+    filing served a reuse already, it issues a fresh copy (["reuse_misses"]). A wrong guess
+    cannot give a wrong result: the GEMMs check pinned sizes on the GPU (repaired_reads).
     """
     snapshot = jax.ffi.ffi_call(
         _ffi.REUSE_GROUP_SIZES,

@@ -18,14 +18,13 @@ Sync mode instead does 2 (forward) and 4 (backward) D2H copies, each with a
 cudaStreamSynchronize. Under jax.checkpoint the forward runs again in the backward pass, with
 its own copy, which the backward then reuses.
 
-Residuals: x, the weights, the norm parameters, group_sizes, the async handle, and the three
-activations the weight gradients and the activation's derivative read: the norm output xn
-[M, H], the fc1 output h [M, F1] and the activation a [M, F], as TransformerEngine's
-LayerNormMLP keeps them. Recomputing xn and a in the backward instead cost 112 of the layer's
-2589 us of GPU time (DeepSeek-V2-Lite's shapes, 24576 rows, bf16, H200, 2026-12-02; two
-elementwise passes over 100 and 69 MB that write what the wgrads read) for 169 MB less memory
-per layer; jax.checkpoint is the way to trade that memory back. The norm's statistics are
-recomputed (one reduction fused into its backward).
+Residuals: x, the weights, the norm parameters, group_sizes, the async handle and the fc1
+output h [M, F1]; h is saved because recomputing it would cost a grouped GEMM. The norm output
+and the activation are recomputed in the backward, which saves 169 MB a layer at
+DeepSeek-V2-Lite's shapes and 24576 rows, and costs no time that we could measure: keeping them
+instead (as TransformerEngine's LayerNormMLP does) changed the device-mode layer by -19 us of
+2589 us GPU busy in one jit, where XLA merges the recomputation with the forward's own passes,
+and by +0.05 ms of 5.2 ms per layer under lax.scan (H200, 2026-12-02, docs/benchmarks.md).
 """
 
 import functools
@@ -135,18 +134,16 @@ def _fwd(cfg: _Config, x, group_sizes, w_fc1, w_fc2, norm_scale, norm_bias, hand
         handle = copy_group_sizes(group_sizes)
     xn = normalize(x, norm_scale, norm_bias, cfg.norm, cfg.eps)
     h = _gemm(cfg, handle, xn, w_fc1, group_sizes)
-    a = activate(h, cfg.activation)
-    y = _gemm(cfg, handle, a, w_fc2, group_sizes)
-    return y, (x, group_sizes, w_fc1, w_fc2, norm_scale, norm_bias, xn, h, a, handle)
+    y = _gemm(cfg, handle, activate(h, cfg.activation), w_fc2, group_sizes)
+    return y, (x, group_sizes, w_fc1, w_fc2, norm_scale, norm_bias, h, handle)
 
 
 def _bwd(cfg: _Config, residuals, dy):
-    x, group_sizes, w_fc1, w_fc2, norm_scale, norm_bias, xn, h, a, forward_handle = residuals
+    x, group_sizes, w_fc1, w_fc2, norm_scale, norm_bias, h, forward_handle = residuals
     handle = reuse_group_sizes(forward_handle) if cfg.mode == "async" else None
     gemm = functools.partial(_gemm, cfg, handle)
-    # Only the pullbacks are used: the recomputed primal outputs are dead code to XLA.
-    _, norm_vjp = jax.vjp(lambda x_, s_, b_: normalize(x_, s_, b_, cfg.norm, cfg.eps), x, norm_scale, norm_bias)
-    _, act_vjp = jax.vjp(lambda h_: activate(h_, cfg.activation), h)
+    xn, norm_vjp = jax.vjp(lambda x_, s_, b_: normalize(x_, s_, b_, cfg.norm, cfg.eps), x, norm_scale, norm_bias)
+    a, act_vjp = jax.vjp(lambda h_: activate(h_, cfg.activation), h)
     dy = dy.astype(x.dtype)
     da = gemm(dy, w_fc2, group_sizes, transpose_rhs=True)
     dw_fc2 = gemm(a, dy, group_sizes, ragged="k")
