@@ -10,9 +10,9 @@ import pytest
 
 from te_async.bench import __main__ as cli
 from te_async import dense, models
-from te_async.bench import attention as attention_bench, decode_gemm, dense as dense_bench, prefill, presets
+from te_async.bench import attention as attention_bench, decode_gemm, dense as dense_bench, prefill, presets, train
 
-from reference import grouped_gemm_reference, random_group_sizes
+from reference import grouped_gemm_reference, mlp_reference, random_group_sizes, rel_error
 
 LAYERS, EXPERTS, HIDDEN, FFN, ROWS = 2, 64, 16, 8, 12
 
@@ -71,6 +71,31 @@ def test_prefill_contenders_agree_with_reference(rng, gemm):
             with jax.default_matmul_precision("highest"):  # no TF32 on a GPU
                 got = fn(lhs, rhs, jnp.asarray(sizes))
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=name)
+
+
+@pytest.mark.parametrize("scan", [False, True], ids=["unrolled", "scan"])
+@pytest.mark.parametrize("contender", [train.REFERENCE, "device"])
+def test_train_stack_matches_float64(rng, scan, contender):
+    """bench train's timed step: x + mlp(x) per layer, forward and every gradient, unrolled or as a
+    scan over stacked weights, against the float64 reference's jax.vjp."""
+    sizes = random_group_sizes(rng, EXPERTS, ROWS, "zeros")
+    f32 = lambda *shape: jnp.asarray(rng.standard_normal(shape) / np.sqrt(shape[-2] if len(shape) > 2 else 1), jnp.float32)
+    layers = [(f32(EXPERTS, HIDDEN, 2 * FFN), f32(EXPERTS, FFN, HIDDEN), 1 + 0.1 * f32(HIDDEN)) for _ in range(LAYERS)]
+    x, dy = f32(ROWS, HIDDEN), f32(ROWS, HIDDEN)
+    weights = tuple(jnp.stack(w) for w in zip(*layers)) if scan else layers
+    with jax.default_matmul_precision("highest"):  # no TF32 on a GPU
+        y, (dx, d_weights) = train.forward_backward(contender, scan)(x, jnp.asarray(sizes), weights, dy)
+
+    def reference(x_, layers_):
+        for w1, w2, scale in layers_:
+            x_ = x_ + mlp_reference(x_, sizes, w1, w2, scale, eps=train.EPS)
+        return x_
+
+    y_ref, pull = jax.vjp(reference, x.astype(jnp.float64), [tuple(w.astype(jnp.float64) for w in l) for l in layers])
+    dx_ref, d_layers_ref = pull(dy.astype(jnp.float64))
+    d_ref = tuple(jnp.stack(g) for g in zip(*d_layers_ref)) if scan else d_layers_ref
+    for got, want in zip([y, dx, *jax.tree.leaves(d_weights)], [y_ref, dx_ref, *jax.tree.leaves(d_ref)]):
+        assert got.shape == want.shape and rel_error(got, want) < 1e-4
 
 
 @pytest.mark.parametrize("argv,message", [(["decode-gemm", "--modes", "reed"], "invalid choice"),
