@@ -15,7 +15,7 @@ import jax.numpy as jnp
 
 from . import _ffi, plan
 from .sharding import require_replicated
-from .group_sizes import (HostGroupSizes, check_group_sizes, copy_group_sizes, host_sizes_operand, resolve_group_sizes_mode,
+from .group_sizes import (HostGroupSizes, async_handle, check_group_sizes, host_sizes_operand, resolve_group_sizes_mode,
                           reuse_group_sizes)
 
 GEMM_DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32)
@@ -103,10 +103,8 @@ def _differentiable(call: _Call, lhs, rhs, group_sizes, host_group_sizes):
 
 
 def _differentiable_fwd(call: _Call, lhs, rhs, group_sizes, host_group_sizes):
-    if call.mode == "async" and host_group_sizes is None:
-        host_group_sizes = copy_group_sizes(group_sizes)
-    out = _differentiable(call, lhs, rhs, group_sizes, host_group_sizes)
-    return out, (lhs, rhs, group_sizes, host_group_sizes)
+    handle = async_handle(group_sizes, call.mode, host_group_sizes)
+    return _differentiable(call, lhs, rhs, group_sizes, handle), (lhs, rhs, group_sizes, handle)
 
 
 def _differentiable_bwd(call: _Call, residuals, dout):

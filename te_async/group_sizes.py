@@ -102,11 +102,19 @@ def resolve_group_sizes_mode(
     return group_sizes_mode
 
 
+def async_handle(group_sizes, mode: str, host_group_sizes: Optional[HostGroupSizes]) -> Optional[HostGroupSizes]:
+    """The handle an async-mode call reads: the caller's, else a copy issued now; None in the other
+    modes. A forward that makes its own keeps it for its backward (reuse_group_sizes)."""
+    if mode != "async":
+        return None
+    return host_group_sizes if host_group_sizes is not None else copy_group_sizes(group_sizes)
+
+
 def host_sizes_operand(group_sizes, mode: str, host_group_sizes: Optional[HostGroupSizes]) -> jax.Array:
     """The int32 [G] operand a host-sized GEMM reads: the handle's snapshot in async mode."""
     if mode != "async":
         return group_sizes
-    handle = host_group_sizes if host_group_sizes is not None else copy_group_sizes(group_sizes)
+    handle = async_handle(group_sizes, mode, host_group_sizes)
     if not isinstance(handle, HostGroupSizes):
         raise TypeError(f"host_group_sizes must come from copy_group_sizes, got {type(handle).__name__}")
     if handle.device_sizes.shape != group_sizes.shape:

@@ -36,7 +36,7 @@ import jax.numpy as jnp
 
 from . import plan
 from .gemm import grouped_gemm, vjp_shapes
-from .group_sizes import HostGroupSizes, check_group_sizes, copy_group_sizes, resolve_group_sizes_mode, reuse_group_sizes
+from .group_sizes import HostGroupSizes, async_handle, check_group_sizes, resolve_group_sizes_mode, reuse_group_sizes
 from .sharding import check_unsharded
 
 logger = logging.getLogger("te_async")
@@ -130,8 +130,7 @@ def _gemm(cfg: _Config, handle, lhs, rhs, group_sizes, **kw):
 
 
 def _fwd(cfg: _Config, x, group_sizes, w_fc1, w_fc2, norm_scale, norm_bias, handle):
-    if cfg.mode == "async" and handle is None:
-        handle = copy_group_sizes(group_sizes)
+    handle = async_handle(group_sizes, cfg.mode, handle)
     xn = normalize(x, norm_scale, norm_bias, cfg.norm, cfg.eps)
     h = _gemm(cfg, handle, xn, w_fc1, group_sizes)
     y = _gemm(cfg, handle, activate(h, cfg.activation), w_fc2, group_sizes)
