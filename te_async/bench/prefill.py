@@ -7,7 +7,7 @@ gradients (ragged m with the weights transposed) and weight gradients (ragged k:
 splits of the rows over the experts: even (384 rows each), and the skewed split from the
 TransformerEngine stall report (docs/diagnosis-grouped-linear-stall.md; 12288 rows, with empty
 experts). Beside te_async's modes: torch._grouped_mm where torch with CUDA imports (the same
-run, wall clock only), jax.lax.ragged_dot (XLA), the Pallas Mosaic-GPU ragged_dot_mgpu where it
+run), jax.lax.ragged_dot (XLA), the Pallas Mosaic-GPU ragged_dot_mgpu where it
 imports (forward form only), and a dense GEMM of the same FLOPs. TFLOP/s are given by wall clock
 and, on a GPU, by GPU time: for the JAX contenders the call's kernel time from the profiler, for
 torch CUDA events around back-to-back calls.
@@ -120,8 +120,9 @@ def make_rhs(form: str, k: int, n: int, rows: int, key, dtype, experts: int = EX
 def _torch_case(form: str, lhs_sets):
     """(fn, torch input sets, fn's output as the JAX contenders lay it out) of torch._grouped_mm."""
     mm = torch_reference.gemm(form)
-    second = (lambda rhs: torch_reference.tensor(rhs)) if form == "k" else torch_reference.linear_weights
-    sets = [(torch_reference.tensor(lhs), second(rhs), torch_reference.offsets(gs)) for lhs, rhs, gs in lhs_sets]
+    second = torch_reference.tensor if form == "k" else torch_reference.linear_weights
+    sets = [(torch_reference.tensor(lhs), second(rhs), torch_reference.offsets(torch_reference.tensor(gs)))
+            for lhs, rhs, gs in lhs_sets]
     as_jax_layout = (lambda t: t.transpose(1, 2)) if form == "k" else (lambda t: t)  # [G, N, K] -> [G, K, N]
     return mm, sets, lambda out: torch_reference.to_numpy(as_jax_layout(out))
 

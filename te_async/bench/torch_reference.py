@@ -59,9 +59,10 @@ def to_numpy(t) -> np.ndarray:
 
 
 def offsets(group_sizes):
-    """torch._grouped_mm's offs: the groups' cumulative row ends, int32 on the GPU."""
+    """torch._grouped_mm's offs from a torch tensor of group sizes: the groups' cumulative row
+    ends, int32 on the GPU."""
     torch = _torch()
-    return torch.cumsum(tensor(group_sizes), 0).to(torch.int32)
+    return torch.cumsum(group_sizes, 0).to(torch.int32)
 
 
 def linear_weights(w):
@@ -88,17 +89,17 @@ def mlp_stack_step(eps: float):
     math (rmsnorm and swiglu in float32, cast back; fc1 [gate | linear]), forward and backward under
     torch's autograd, eager."""
     torch = _torch()
-    mm = torch._grouped_mm
+    forward = gemm("m")
 
     def mlp(x, w1_t, w2_t, scale, offs):
         xf = x.float()
         xn = (xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps) * scale).to(x.dtype)
-        gate, linear = mm(xn, w1_t.transpose(1, 2), offs=offs).float().chunk(2, dim=-1)
+        gate, linear = forward(xn, w1_t, offs).float().chunk(2, dim=-1)
         a = (torch.nn.functional.silu(gate) * linear).to(x.dtype)
-        return mm(a, w2_t.transpose(1, 2), offs=offs)
+        return forward(a, w2_t, offs)
 
     def step(x, group_sizes, weights, dy):
-        offs = torch.cumsum(group_sizes, 0).to(torch.int32)
+        offs = offsets(group_sizes)
         x = x.detach().requires_grad_()
         leaves = [[w.detach().requires_grad_() for w in layer] for layer in weights]
         y = x
