@@ -12,26 +12,35 @@ namespace {
 
 namespace ffi = xla::ffi;
 
+// Both handlers: checks the group count, finds the device's ring and enqueues handle := sizes on
+// the device. Returns the ring, on which the caller files the handle.
+ffi::ErrorOr<HostSizeSlots*> Snapshot(cudaStream_t stream, int32_t device, ffi::Buffer<ffi::S32> sizes,
+                                      ffi::ResultBuffer<ffi::S32> handle) {
+  const int64_t groups = static_cast<int64_t>(sizes.element_count());
+  if (ffi::Error e = CheckGroupCount(groups); e.failure()) return ffi::Unexpected(e);
+  auto slots = HostSizeSlots::ForDevice(device);
+  if (slots.has_error()) return slots;
+  if (ffi::Error e = CudaStatus(cudaMemcpyAsync(handle->typed_data(), sizes.typed_data(), groups * sizeof(int32_t),
+                                                cudaMemcpyDeviceToDevice, stream),
+                                "cudaMemcpyAsync (the group sizes' device snapshot)");
+      e.failure()) {
+    return ffi::Unexpected(e);
+  }
+  return slots;
+}
+
 ffi::Error CopyGroupSizesCuda(cudaStream_t stream, int32_t device, ffi::Buffer<ffi::S32> sizes,
                               ffi::ResultBuffer<ffi::S32> handle) {
-  const int64_t groups = static_cast<int64_t>(sizes.element_count());
-  TE_ASYNC_RETURN_IF_ERROR(CheckGroupCount(groups));
-  auto slots = HostSizeSlots::ForDevice(device);
+  auto slots = Snapshot(stream, device, sizes, handle);
   if (slots.has_error()) return slots.error();
-  TE_ASYNC_CUDA(cudaMemcpyAsync(handle->typed_data(), sizes.typed_data(), groups * sizeof(int32_t),
-                                cudaMemcpyDeviceToDevice, stream));
-  return (*slots)->Issue(sizes.typed_data(), handle->typed_data(), groups, stream);
+  return (*slots)->Issue(sizes.typed_data(), handle->typed_data(), sizes.element_count(), stream);
 }
 
 ffi::Error ReuseGroupSizesCuda(cudaStream_t stream, int32_t device, ffi::Buffer<ffi::S32> snapshot,
                                ffi::ResultBuffer<ffi::S32> handle) {
-  const int64_t groups = static_cast<int64_t>(snapshot.element_count());
-  TE_ASYNC_RETURN_IF_ERROR(CheckGroupCount(groups));
-  auto slots = HostSizeSlots::ForDevice(device);
+  auto slots = Snapshot(stream, device, snapshot, handle);
   if (slots.has_error()) return slots.error();
-  TE_ASYNC_CUDA(cudaMemcpyAsync(handle->typed_data(), snapshot.typed_data(), groups * sizeof(int32_t),
-                                cudaMemcpyDeviceToDevice, stream));
-  return (*slots)->Reuse(snapshot.typed_data(), handle->typed_data(), groups, stream);
+  return (*slots)->Reuse(snapshot.typed_data(), handle->typed_data(), snapshot.element_count(), stream);
 }
 
 }  // namespace
