@@ -67,6 +67,9 @@ def reuse_group_sizes(handle: HostGroupSizes) -> HostGroupSizes:
     filing served a reuse already, it issues a fresh copy (["reuse_misses"]). A wrong guess
     cannot give a wrong result: the GEMMs check pinned sizes on the GPU (repaired_reads).
     """
+    if not isinstance(handle, HostGroupSizes):
+        raise TypeError(f"reuse_group_sizes takes a handle from copy_group_sizes, got {type(handle).__name__}")
+    check_group_sizes(handle.device_sizes)
     snapshot = jax.ffi.ffi_call(
         _ffi.REUSE_GROUP_SIZES,
         jax.ShapeDtypeStruct(handle.device_sizes.shape, jnp.int32),

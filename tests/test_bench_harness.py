@@ -101,7 +101,9 @@ def test_train_stack_matches_float64(rng, scan, contender):
 @pytest.mark.parametrize("argv,message", [(["decode-gemm", "--modes", "reed"], "invalid choice"),
                                           (["prefill", "--gemms", "fc3"], "invalid choice"),
                                           (["dense", "--rows", "0"], "must be a positive integer"),
-                                          (["dense", "--layers", "-2"], "must be a positive integer")])
+                                          (["dense", "--layers", "-2"], "must be a positive integer"),
+                                          (["train", "--depth", "0"], "must be a positive integer"),
+                                          (["train", "--contenders", "torch"], "invalid choice")])
 def test_unknown_mode_or_gemm_is_refused_before_any_work(tmp_path, capsys, argv, message):
     with pytest.raises(SystemExit) as e:
         cli.main([*argv, "--out", str(tmp_path)])

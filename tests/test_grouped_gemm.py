@@ -146,6 +146,19 @@ def test_too_many_groups():
         te_async.grouped_gemm(jnp.ones((4, 2)), jnp.ones((g, 2, 2)), jnp.zeros((g,), jnp.int32))
 
 
+def test_reuse_takes_a_handle_and_gives_its_sizes():
+    sizes = jnp.array([3, 0, 5], jnp.int32)
+    reused = jax.jit(lambda s: te_async.reuse_group_sizes(te_async.copy_group_sizes(s)))(sizes)
+    assert isinstance(reused, te_async.HostGroupSizes)
+    np.testing.assert_array_equal(reused.device_sizes, sizes)
+    with pytest.raises(TypeError, match="handle from copy_group_sizes, got ArrayImpl"):
+        te_async.reuse_group_sizes(sizes)
+    with pytest.raises(TypeError, match="int32"):
+        te_async.reuse_group_sizes(te_async.HostGroupSizes(jnp.zeros((3,), jnp.float32)))
+    with pytest.raises(ValueError, match="too many groups"):
+        te_async.reuse_group_sizes(te_async.HostGroupSizes(jnp.zeros((te_async.MAX_GROUPS + 1,), jnp.int32)))
+
+
 def test_handle_with_wrong_group_count():
     handle = te_async.copy_group_sizes(jnp.array([1, 2], jnp.int32))
     with pytest.raises(ValueError, match="holds 2 groups"):
