@@ -10,7 +10,7 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from . import decode_moe
+from . import decode_moe, token_ffn
 from .group_sizes import copy_group_sizes
 from .mlp import EPS, grouped_mlp, normalize, resolve_mlp_mode
 from .routing import Dispatch, Routing, combine, plan_dispatch, route, route_reference  # noqa: F401 (re-exported)
@@ -40,15 +40,19 @@ def moe_block(
 
     early_copy=False leaves the async copy to grouped_mlp itself (issued after the permutation),
     which the benchmarks use to show what issuing it early buys. In device mode with one token per
-    step the routed experts run fused with the permutation (te_async.decode_moe.fuses); fuse=False
-    keeps the unfused path, for comparison.
+    step the routed experts run in one kernel (te_async.token_ffn, where it applies), else fused with
+    the permutation (te_async.decode_moe.fuses); fuse=False keeps the unfused path, for comparison.
     """
     routing, dispatch = route(jnp.dot(x, router, preferred_element_type=jnp.float32), top_k, renormalize=True)
     mode = resolve_mlp_mode(group_sizes_mode, use_async_d2h_group_sizes, None, groups=router.shape[1],
                             rows=x.shape[0] * top_k, w_fc1=w_fc1, w_fc2=w_fc2)
-    if fuse and decode_moe.fuses(x.shape[0], top_k, w_fc1, w_fc2, mode=mode, activation=activation):
+    if fuse and mode == "device" and activation == "swiglu":
         xn = normalize(x, norm_scale, None, norm, EPS)
-        return decode_moe.fused_experts(xn, routing, dispatch, w_fc1, w_fc2)
+        routed = token_ffn.Routed(routing.experts, routing.weights, w_fc1, w_fc2)
+        if token_ffn.applies(xn, routed):
+            return token_ffn.token_ffn(xn, routed)
+        if decode_moe.fuses(x.shape[0], top_k, w_fc1, w_fc2, mode=mode, activation=activation):
+            return decode_moe.fused_experts(xn, routing, dispatch, w_fc1, w_fc2)
     handle = None
     if mode == "async" and early_copy:
         handle = copy_group_sizes(dispatch.group_sizes)

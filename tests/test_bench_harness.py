@@ -123,10 +123,32 @@ def test_dense_bench_contenders_agree_and_cover_the_layer(rng):
         w = rng.standard_normal((2, n, k) if transpose else (2, k, n))
         x = rng.standard_normal((2, k))
         want = np.einsum("rk,lnk->lrn" if transpose else "rk,lkn->lrn", x, w)
-        for kernel in ("xla",) if transpose else dense_bench.KERNELS:
+        for kernel in ("xla",) if transpose else [k for k in dense_bench.KERNELS if k in dense.KERNELS]:
             fn = dense_bench._unrolled(lambda x, w, kernel=kernel: dense.linear(x, w, transpose_w=transpose, kernel=kernel))
             got = fn(jnp.asarray(x, jnp.float32), [(jnp.asarray(c, jnp.float32),) for c in w])
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=f"{name} {kernel}")
+
+
+def test_dense_bench_shared_mlp_contenders_agree(rng):
+    """bench dense's shared-MLP row: every contender (token_ffn at one row only) computes the SwiGLU
+    MLP of each weight copy as float64 does, fc1's output and the activation rounded to bfloat16."""
+    hidden, ffn = 64, 24
+    w1 = rng.standard_normal((2, hidden, 2 * ffn)) / np.sqrt(hidden)
+    w2 = rng.standard_normal((2, ffn, hidden)) / np.sqrt(ffn)
+    bf16 = lambda a: jnp.asarray(a, jnp.bfloat16)
+    rnd = lambda a: np.asarray(bf16(a), np.float64)
+    for rows in (1, 2):
+        x = rnd(rng.standard_normal((rows, hidden)))
+        h = rnd(x @ rnd(w1))
+        gate, lin = np.split(h, 2, axis=-1)
+        want = rnd(gate / (1 + np.exp(-gate)) * lin) @ rnd(w2)
+        for kernel in dense_bench.KERNELS:
+            fn = dense_bench._shared_mlp(kernel, rows)
+            if fn is None:
+                assert kernel == "token_ffn" and rows > 1
+                continue
+            got = np.asarray(dense_bench._unrolled(fn)(bf16(x), [(bf16(a), bf16(b)) for a, b in zip(w1, w2)]), np.float64)
+            assert np.abs(got - want).max() < 2e-2 * np.abs(want).max(), (kernel, rows)
 
 
 @pytest.mark.parametrize("preset", ["tiny", "qwen3-30b-a3b"])

@@ -32,6 +32,7 @@ NB_MODULE(_te_async_cuda, m) {
     d["te_async_expert_gemm"] = te_async::EncapsulateFfiHandler(te_async::kExpertGemmCuda);
     d["te_async_route"] = te_async::EncapsulateFfiHandler(te_async::kRouteCuda);
     d["te_async_decode_attention"] = te_async::EncapsulateFfiHandler(te_async::kDecodeAttentionCuda);
+    d["te_async_token_ffn"] = te_async::EncapsulateFfiHandler(te_async::kTokenFfnCuda);
     return d;
   });
   m.def("host_size_stats", [](int device) {

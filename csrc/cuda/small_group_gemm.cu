@@ -76,6 +76,7 @@
 #include "cuda/cuda_check.h"
 #include "cuda/device_gemm.h"
 #include "cuda/float_convert.cuh"
+#include "cuda/vector_loads.cuh"
 #include "cuda/group_layout.cuh"
 #include "grouped_gemm_args.h"
 
@@ -98,39 +99,6 @@ constexpr int kFusedMaxRows = static_cast<int>(kSmallGroupsFusedMaxRows);
 
 // ---- element helpers -----------------------------------------------------------------------
 
-template <typename T>
-struct Elem;
-template <>
-struct Elem<__nv_bfloat16> {
-  using Raw = unsigned short;
-  static constexpr int kVec = 8;  // elements per 16-byte vector
-};
-template <>
-struct Elem<__half> {
-  using Raw = unsigned short;
-  static constexpr int kVec = 8;
-};
-template <>
-struct Elem<float> {
-  using Raw = unsigned int;
-  static constexpr int kVec = 4;
-};
-
-template <typename T>
-__device__ __forceinline__ float RawToFloat(unsigned int r);
-template <>
-__device__ __forceinline__ float RawToFloat<__nv_bfloat16>(unsigned int r) {
-  return __uint_as_float(r << 16);
-}
-template <>
-__device__ __forceinline__ float RawToFloat<__half>(unsigned int r) {
-  return __half2float(__ushort_as_half(static_cast<unsigned short>(r)));
-}
-template <>
-__device__ __forceinline__ float RawToFloat<float>(unsigned int r) {
-  return __uint_as_float(r);
-}
-
 // One element of a T array, as raw bits (read-only path).
 template <typename T>
 __device__ __forceinline__ unsigned int LoadRaw(const T* p) {
@@ -144,37 +112,6 @@ __device__ __forceinline__ unsigned int LoadRaw(const T* p) {
 template <typename T>
 __device__ __forceinline__ float LoadFloat(const T* p) {
   return RawToFloat<T>(LoadRaw(p));
-}
-
-// 16-byte vector -> kVec floats, element j of memory -> f[j].
-template <typename T>
-__device__ __forceinline__ void Unpack(const uint4& v, float (&f)[Elem<T>::kVec]) {
-  const unsigned int w[4] = {v.x, v.y, v.z, v.w};
-  if constexpr (sizeof(T) == 2) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-        f[2 * i] = __uint_as_float(w[i] << 16);
-        f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-      } else {
-        f[2 * i] = RawToFloat<T>(w[i] & 0xffffu);
-        f[2 * i + 1] = RawToFloat<T>(w[i] >> 16);
-      }
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) f[i] = __uint_as_float(w[i]);
-  }
-}
-
-// Weights are streamed: read once from HBM, no L1 allocation (L2 keeps them for the other row
-// chunks of the same group).
-__device__ __forceinline__ uint4 LoadStream(const void* p) {
-  uint4 v;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p));
-  return v;
 }
 
 // kVec elements starting at p, of which the first `valid` exist (scalar path), packed like memory.

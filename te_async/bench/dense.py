@@ -6,7 +6,8 @@ rows (the batch of a decode step), each two ways: "te_async" (linear(..., kernel
 the small-M kernel, K split over a thread-block cluster; it reads [K, N] weights only, so the LM
 head, [V, H], has no te_async column) and "xla" (linear(..., kernel="xla"): XLA's dot). Also
 "shared MLP": the shared experts' whole SwiGLU MLP (fc1, then fc2 with the activation fused into
-its load on the te_async path), the dense MLP the fused-decode issue names. One call runs the GEMM on L
+its load on the te_async path), the dense MLP the fused-decode issue names, also at one row as
+"token_ffn" (te_async.token_ffn: both GEMMs and the activation in one kernel). One call runs the GEMM on L
 copies of the weights (L = --layers, together past L2), unrolled in one jit, so that the call is
 one CUDA graph: a GEMM's time is the call's wall clock over L, and its GPU busy time that of a
 profile of the same calls over L. A lax.scan would add a trip's fixed cost to every GEMM instead
@@ -23,7 +24,7 @@ from .. import dense, models
 from ..models.ffn import swiglu_mlp
 from . import presets, timing
 
-KERNELS = ("xla", "te_async")
+KERNELS = ("xla", "te_async", "token_ffn")
 
 
 def add_arguments(p) -> None:
@@ -46,7 +47,9 @@ def gemms(config) -> dict:
     return out
 
 
-def _shared_mlp(kernel):
+def _shared_mlp(kernel, rows):
+    if kernel == "token_ffn" and rows > 1:
+        return None  # one token only
     return lambda x, w_gate_up, w_down: swiglu_mlp({"w_gate_up": w_gate_up, "w_down": w_down}, x, kernel)
 
 
@@ -68,7 +71,7 @@ def run(args) -> dict:
     for gemm, (k, n, transpose) in gemms(config).items():
         w_dtype = jnp.float32 if gemm == "router" else dtype  # routers are float32 (models.params)
         cases[gemm] = (k, [((layers, n, k) if transpose else (layers, k, n), w_dtype)],
-                       lambda kern, t=transpose: None if t and kern == "te_async" else
+                       lambda kern, rows, t=transpose: None if kern == "token_ffn" or (t and kern == "te_async") else
                        (lambda x, w: dense.linear(x, w, transpose_w=t, kernel=kern)))
     if config.shared_intermediate_size:
         f = config.shared_intermediate_size
@@ -85,7 +88,7 @@ def run(args) -> dict:
             row = dict(gemm=case, rows=rows, k=k, shapes=[list(s[1:]) for s, _ in weight_shapes],
                        floor_us=1e6 * floor_s)
             for kern in KERNELS:
-                fn = make(kern)
+                fn = make(kern, rows)
                 if fn is None:
                     row[f"{kern}_us"] = row[f"{kern}_gpu_us"] = None
                     continue

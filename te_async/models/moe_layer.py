@@ -1,9 +1,10 @@
 """The MoE block of a decoder layer: route, sort the tokens by expert, run the routed experts
 (te_async.grouped_mlp, or jax.lax.ragged_dot for comparison), combine, add the shared experts.
 
-experts="te_async" in device mode with one token per step runs the routed experts fused with the
-permutation and the combine (te_async.decode_moe.fuses); "te_async_unfused" never fuses, for
-comparison. Routing is te_async.routing.route (one CUDA kernel at decode sizes) in every case.
+experts="te_async" in device mode with one token per step runs the routed and the shared experts in
+one kernel (te_async.token_ffn, where it applies: bf16/f16, H <= 4096), else the routed experts
+fused with the permutation and the combine (te_async.decode_moe.fuses); "te_async_unfused" never
+fuses, for comparison. Routing is te_async.routing.route (one CUDA kernel at decode sizes) in every case.
 
 Async mode issues te_async.copy_group_sizes right after routing, then the work that does not need
 the sizes (the shared experts and the token permutation), then the grouped GEMMs, whose launch
@@ -26,7 +27,7 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from .. import decode_moe
+from .. import decode_moe, token_ffn
 from ..group_sizes import copy_group_sizes
 from ..mlp import activate, grouped_mlp, resolve_mlp_mode
 from ..routing import combine
@@ -65,13 +66,21 @@ def moe_block(p: dict, cfg, x: jax.Array, *, group_sizes_mode: Optional[str], ex
         if mode == "async":
             handle = copy_group_sizes(dispatch.group_sizes)
             handle, x = jax.lax.optimization_barrier((handle, x))
+    gate = None
+    if cfg.shared_expert_gate:
+        gate = jax.nn.sigmoid(jnp.dot(x, p["shared_gate"], preferred_element_type=jnp.float32))
+    if experts == "te_async" and mode == "device":
+        routed = token_ffn.Routed(routing.experts, routing.weights, p["w_fc1"], p["w_fc2"])
+        both = token_ffn.Shared(p["shared"]["w_gate_up"], p["shared"]["w_down"], gate) if "shared" in p else None
+        if token_ffn.applies(x, routed, both):
+            with jax.named_scope("token_ffn"):
+                return _finish(token_ffn.token_ffn(x, routed, both), None, shape, routing, return_routing)
     shared = None
     if cfg.shared_intermediate_size:
         with jax.named_scope("shared_experts"):
             shared = swiglu_mlp(p["shared"], x)
-            if cfg.shared_expert_gate:
-                gate = jnp.dot(x, p["shared_gate"], preferred_element_type=jnp.float32)
-                shared = (jax.nn.sigmoid(gate) * shared.astype(jnp.float32)).astype(x.dtype)
+            if gate is not None:
+                shared = (gate * shared.astype(jnp.float32)).astype(x.dtype)
     with jax.named_scope("routed_experts"):
         if experts == "te_async" and decode_moe.fuses(x.shape[0], cfg.num_experts_per_tok, p["w_fc1"], p["w_fc2"],
                                                       mode=mode, activation="swiglu"):

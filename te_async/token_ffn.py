@@ -1,0 +1,165 @@
+"""One token's SwiGLU feed-forward in one kernel: the routed experts it chose plus the shared experts,
+or a dense MLP alone (csrc/cuda/token_ffn.cu).
+
+At one token per step (decode at batch 1) a feed-forward's time is the read of its weights, and
+each kernel between them costs a few µs of fixed latency. The fused decode path
+(te_async.decode_moe) runs the routed experts as fc1, fc2 and a sum, and the shared experts as two
+more GEMMs. Here every output unit u of an expert (gate column u, linear column u, row u of fc2)
+needs only the token, so the kernel gives each thread block a block of units of one expert and
+runs fc1, the activation and fc2 for it alone: one launch with no grid-wide barrier. Expert ids
+and routing weights are read on the GPU (from te_async.routing.route), so a step stays one CUDA
+graph. Each block writes its float32 partial of the output; the sum over blocks is an XLA reduction,
+which XLA fuses with whatever follows (the residual add).
+
+The rounding is the unfused path's: fc1's output and the activation are rounded to x's dtype
+(grouped_mlp, te_async.mlp.activate); the routed experts and the shared experts are then summed in
+float32 and rounded once, where the unfused path rounds each part. Gradients, if asked for, are those
+of _reference (a jax.custom_vjp): decode needs none.
+"""
+
+import functools
+import math
+from typing import NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+
+from . import _ffi, plan
+from .mlp import activate
+
+TOKEN_FFN = "te_async_token_ffn"
+DTYPES = ("bfloat16", "float16")
+MAX_HIDDEN = 4096  # csrc/cuda/token_ffn.cu: x is held in shared memory as float32
+MAX_UNITS = 256
+VEC = 8  # 16-bit elements per 16-byte load: H, F and the units of a block are multiples of it
+SECTOR = 32  # bytes the memory system moves at a time
+
+
+class Routed(NamedTuple):
+    experts: jax.Array  # int32 [1, k], route()'s choice
+    weights: jax.Array  # float32 [1, k]
+    w_fc1: jax.Array  # [E, H, 2F], [gate | linear]
+    w_fc2: jax.Array  # [E, F, H]
+
+
+class Shared(NamedTuple):
+    w_gate_up: jax.Array  # [H, 2Fs], [gate | linear]
+    w_down: jax.Array  # [Fs, H]
+    scale: Optional[jax.Array] = None  # float32, one entry (Qwen2-MoE's sigmoid gate); None: 1
+
+
+def applies(x: jax.Array, routed: Optional[Routed] = None, shared: Optional[Shared] = None) -> bool:
+    """Whether token_ffn runs the kernel for these operands (else callers keep their own path)."""
+    weights = _weights(routed, shared)
+    ffns = [w.shape[-2] for w in weights[1::2]]
+    return (bool(weights) and plan.on_gpu() and x.ndim == 2 and x.shape[0] == 1 and x.dtype.name in DTYPES
+            and all(w.dtype == x.dtype for w in weights) and x.shape[1] % VEC == 0 and x.shape[1] <= MAX_HIDDEN
+            and all(f % VEC == 0 and f > 0 for f in ffns))
+
+
+def plan_units(top_k: int, ffn: int, shared_ffn: int, hidden: int, sms: int) -> int:
+    """Units per thread block: the multiple of 8 whose busiest SM reads the fewest bytes, counting
+    the whole 32-byte sectors that fc1's column slices touch (every block runs in the first wave
+    when the items fit the SMs)."""
+    def busiest(units):
+        items = top_k * math.ceil(ffn / units) + math.ceil(shared_ffn / units)
+        row = 2 * units  # bytes of one row's gate (or linear) slice, 16-bit weights
+        touched = math.ceil(row / SECTOR) * SECTOR + (SECTOR // 2 if row % SECTOR else 0)
+        per_item = hidden * 2 * touched + units * hidden * 2
+        return math.ceil(items / sms) * per_item, items
+    return min(range(VEC, MAX_UNITS + 1, VEC), key=busiest)
+
+
+def token_ffn(x: jax.Array, routed: Optional[Routed] = None, shared: Optional[Shared] = None) -> jax.Array:
+    """x [1, H] -> sum_c weights[c] * expert_{experts[c]}(x) + scale * shared(x), [1, H] in x's dtype,
+    each part a SwiGLU MLP (down(silu(x @ gate) * (x @ linear))). Call it where applies() holds."""
+    _check(x, routed, shared)
+    return _token_ffn(x, routed, shared)
+
+
+def _check(x, routed, shared):
+    if routed is None and shared is None:
+        raise ValueError("token_ffn needs routed experts, shared experts or both")
+    if x.ndim != 2 or x.shape[0] != 1:
+        raise ValueError(f"x must be [1, H] (one token), got {x.shape}")
+    h = x.shape[1]
+    if routed is not None:
+        k, (e, f) = routed.experts.shape[-1], routed.w_fc2.shape[:2]
+        if routed.experts.shape != (1, k) or routed.weights.shape != (1, k):
+            raise ValueError(f"experts and weights must be [1, k], got {routed.experts.shape}, {routed.weights.shape}")
+        if routed.w_fc1.shape != (e, h, 2 * f) or routed.w_fc2.shape != (e, f, h):
+            raise ValueError(f"need w_fc1 [E, H, 2F] and w_fc2 [E, F, H] for H = {h}, got {routed.w_fc1.shape}, "
+                             f"{routed.w_fc2.shape}")
+    if shared is not None:
+        fs = shared.w_down.shape[0]
+        if shared.w_gate_up.shape != (h, 2 * fs) or shared.w_down.shape != (fs, h):
+            raise ValueError(f"need shared w_gate_up [H, 2Fs] and w_down [Fs, H] for H = {h}, got "
+                             f"{shared.w_gate_up.shape}, {shared.w_down.shape}")
+        if shared.scale is not None and shared.scale.size != 1:
+            raise ValueError(f"the shared scale must have one entry, got {shared.scale.shape}")
+    for w in _weights(routed, shared):
+        if w.dtype != x.dtype:
+            raise TypeError(f"x and every weight must share one dtype, got {x.dtype} and {w.dtype}")
+
+
+def _weights(routed, shared):
+    return ([] if routed is None else [routed.w_fc1, routed.w_fc2]) + ([] if shared is None else [shared.w_gate_up, shared.w_down])
+
+
+def _units(x, routed, shared):
+    # The fewest SMs of the local GPUs; without a GPU (the kernel's branch is traced, never run) any.
+    sms = min(s for _, s in plan.local_gpu_kinds()) if _ffi.gpu_present() else 1
+    return plan_units(0 if routed is None else routed.experts.shape[-1], 0 if routed is None else routed.w_fc2.shape[1],
+                      0 if shared is None else shared.w_down.shape[0], x.shape[1], sms)
+
+
+def _kernel(x, routed, shared):
+    h = x.shape[1]
+    none = jnp.zeros((0, h, 0), x.dtype), jnp.zeros((0, 0, h), x.dtype)
+    experts, weights, w_fc1, w_fc2 = (
+        (jnp.zeros((0,), jnp.int32), jnp.zeros((0,), jnp.float32), *none) if routed is None else
+        (routed.experts.reshape(-1), routed.weights.reshape(-1).astype(jnp.float32), routed.w_fc1, routed.w_fc2))
+    w_gate_up, w_down, scale = ((jnp.zeros((h, 0), x.dtype), jnp.zeros((0, h), x.dtype), None) if shared is None
+                                else shared)
+    scale = jnp.ones((1,), jnp.float32) if scale is None else scale.reshape(1).astype(jnp.float32)
+    units = _units(x, routed, shared)
+    items = experts.shape[0] * math.ceil(w_fc2.shape[1] / units) + math.ceil(w_down.shape[0] / units)
+    out = jax.ShapeDtypeStruct((items, h), jnp.float32)
+    partial = jax.ffi.ffi_call(TOKEN_FFN, out)(x, w_fc1, w_fc2, experts, weights, w_gate_up, w_down, scale,
+                                               units=units)
+    return partial.sum(axis=0, keepdims=True).astype(x.dtype)
+
+
+def _swiglu(x, w_gate_up, w_down):
+    """[..., H] -> [..., H] in float32: fc1 and the activation rounded to x's dtype, fc2 not."""
+    h = jnp.einsum("...h,...hf->...f", x, w_gate_up, preferred_element_type=jnp.float32).astype(x.dtype)
+    return jnp.einsum("...f,...fh->...h", activate(h, "swiglu"), w_down, preferred_element_type=jnp.float32)
+
+
+def _reference(x, routed, shared):
+    y = jnp.zeros(x.shape, jnp.float32)
+    if routed is not None:
+        e = routed.experts[0]
+        y_k = _swiglu(jnp.broadcast_to(x, (e.shape[0], x.shape[1])), routed.w_fc1[e], routed.w_fc2[e])
+        y = y + (routed.weights[0, :, None].astype(jnp.float32) * y_k).sum(axis=0, keepdims=True)
+    if shared is not None:
+        scale = 1.0 if shared.scale is None else shared.scale.reshape(()).astype(jnp.float32)
+        y = y + scale * _swiglu(x, shared.w_gate_up, shared.w_down)
+    return y.astype(x.dtype)
+
+
+@jax.custom_vjp
+def _token_ffn(x, routed, shared):
+    # The kernel where the call is lowered for a GPU; elsewhere the reference.
+    return jax.lax.platform_dependent(x, routed, shared, cuda=_kernel, default=_reference)
+
+
+def _token_ffn_fwd(*args):
+    return _token_ffn(*args), args
+
+
+def _token_ffn_bwd(args, dy):
+    return jax.vjp(_reference, *args)[1](dy)
+
+
+_token_ffn.defvjp(_token_ffn_fwd, _token_ffn_bwd)

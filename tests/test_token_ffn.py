@@ -1,0 +1,171 @@
+"""te_async.token_ffn: one token's routed and shared experts in one kernel, against a float64
+reference (CPU: the JAX reference path; GPU: the kernel, with poisoned outputs in gpu_check.sh's
+runs), on random routings, repeated experts, sizes whose unit blocks leave tails, bf16 and f16,
+Qwen2-MoE's shared scale; the unit plan; the errors for what it cannot run."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from te_async import plan
+from te_async import token_ffn as tf
+from te_async.routing import route
+
+from helpers import on_cpu
+from reference import rel_error
+
+TOL = {jnp.bfloat16: 1.5e-2, jnp.float16: 2e-3}
+
+
+def swiglu64(x, w1, w2, dtype):
+    """down(silu(gate) * linear) in float64, fc1's output and the activation rounded to dtype."""
+    rnd = lambda v: np.asarray(jnp.asarray(v).astype(dtype).astype(jnp.float64))
+    h = rnd(x @ w1)
+    gate, lin = np.split(h, 2, axis=-1)
+    return rnd(gate / (1 + np.exp(-gate)) * lin) @ w2
+
+
+def reference(x, routed, shared):
+    f64 = lambda a: np.asarray(jnp.asarray(a, jnp.float64))
+    out = np.zeros(x.shape[1], np.float64)
+    if routed is not None:
+        for e, w in zip(np.asarray(routed.experts)[0], np.asarray(routed.weights)[0]):
+            out += float(w) * swiglu64(f64(x)[0], f64(routed.w_fc1)[e], f64(routed.w_fc2)[e], x.dtype)
+    if shared is not None:
+        scale = 1.0 if shared.scale is None else float(np.asarray(shared.scale).reshape(()))
+        out += scale * swiglu64(f64(x)[0], f64(shared.w_gate_up), f64(shared.w_down), x.dtype)
+    return out[None]
+
+
+def make(rng, *, hidden, experts=0, ffn=0, top_k=0, shared_ffn=0, dtype=jnp.bfloat16, gated=False, repeat=False):
+    x = jnp.asarray(rng.standard_normal((1, hidden)), dtype)
+    routed = shared = None
+    if top_k:
+        chosen = rng.choice(experts, top_k, replace=False)
+        if repeat:  # the same expert twice: the kernel must not assume distinct choices
+            chosen[-1] = chosen[0]
+        routed = tf.Routed(jnp.asarray(chosen[None], jnp.int32), jnp.asarray(rng.random((1, top_k)), jnp.float32),
+                           jnp.asarray(rng.standard_normal((experts, hidden, 2 * ffn)) / np.sqrt(hidden), dtype),
+                           jnp.asarray(rng.standard_normal((experts, ffn, hidden)) / np.sqrt(ffn), dtype))
+    if shared_ffn:
+        scale = jnp.asarray(rng.random((1, 1)), jnp.float32) if gated else None
+        shared = tf.Shared(jnp.asarray(rng.standard_normal((hidden, 2 * shared_ffn)) / np.sqrt(hidden), dtype),
+                           jnp.asarray(rng.standard_normal((shared_ffn, hidden)) / np.sqrt(shared_ffn), dtype), scale)
+    return x, routed, shared
+
+
+# hidden, experts, ffn, top_k, shared_ffn: DeepSeek-like (shared = 2 experts' width), routed only,
+# shared only (a dense MLP), block tails (F not a multiple of the planned units), Qwen3-like.
+CASES = [
+    dict(hidden=256, experts=16, ffn=176, top_k=6, shared_ffn=352),
+    dict(hidden=512, experts=8, ffn=136, top_k=2),
+    dict(hidden=2048, shared_ffn=2816),
+    dict(hidden=264, experts=5, ffn=1000, top_k=3, shared_ffn=24),
+    dict(hidden=128, experts=128, ffn=96, top_k=8),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()))
+def test_reference_path_against_float64(rng, case):
+    """Off the GPU token_ffn runs its JAX reference: the same math as the float64 reference."""
+    x, routed, shared = make(rng, **case, gated=True)
+    y = jax.jit(tf.token_ffn)(*on_cpu(x, routed, shared))
+    assert y.shape == (1, case["hidden"]) and y.dtype == x.dtype
+    assert rel_error(y, reference(x, routed, shared)) < TOL[jnp.bfloat16]
+
+
+def test_plan_units():
+    """Multiples of 8; one wave where the units allow it; DeepSeek-V2-Lite's shapes on 132 SMs."""
+    for top_k, ffn, shared_ffn, hidden in [(6, 1408, 2816, 2048), (6, 1408, 0, 2048), (0, 0, 2816, 2048),
+                                           (8, 768, 0, 2048), (2, 14336, 0, 4096), (3, 1000, 24, 264)]:
+        units = tf.plan_units(top_k, ffn, shared_ffn, hidden, 132)
+        items = top_k * math.ceil(ffn / units) + math.ceil(shared_ffn / units)
+        assert units % 8 == 0 and 8 <= units <= tf.MAX_UNITS and items <= 132, (top_k, ffn, shared_ffn, units)
+    assert tf.plan_units(6, 1408, 2816, 2048, 132) == 96  # 120 blocks; 88 units would give 128 worse-aligned ones
+
+
+def test_errors(rng):
+    x, routed, shared = make(rng, hidden=64, experts=4, ffn=16, top_k=2, shared_ffn=32)
+    with pytest.raises(ValueError, match="routed experts, shared experts or both"):
+        tf.token_ffn(x)
+    with pytest.raises(ValueError, match="one token"):
+        tf.token_ffn(jnp.concatenate([x, x]), routed)
+    with pytest.raises(ValueError, match=r"\[1, k\]"):
+        tf.token_ffn(x, routed._replace(experts=routed.experts[0]))
+    with pytest.raises(ValueError, match=r"w_fc1 \[E, H, 2F\]"):
+        tf.token_ffn(x, routed._replace(w_fc1=routed.w_fc1[:, :, :-2]))
+    with pytest.raises(ValueError, match=r"w_gate_up \[H, 2Fs\]"):
+        tf.token_ffn(x, shared=shared._replace(w_down=shared.w_down[:-1]))
+    with pytest.raises(ValueError, match="one entry"):
+        tf.token_ffn(x, shared=shared._replace(scale=jnp.ones((2,), jnp.float32)))
+    with pytest.raises(TypeError, match="share one dtype"):
+        tf.token_ffn(x.astype(jnp.float16), shared=shared)
+    assert tf.applies(x, routed, shared) == plan.on_gpu()  # the kernel runs on the GPU only
+
+
+# ---- GPU ------------------------------------------------------------------------------------
+
+
+def _hlo(fn, *args):
+    return jax.jit(fn).lower(*args).as_text()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()))
+def test_kernel_against_float64(rng, case, dtype):
+    x, routed, shared = make(rng, **case, dtype=dtype, gated=True)
+    assert tf.applies(x, routed, shared)
+    fn = jax.jit(tf.token_ffn)
+    assert tf.TOKEN_FFN in _hlo(tf.token_ffn, x, routed, shared)
+    y = fn(x, routed, shared)
+    assert rel_error(y, reference(x, routed, shared)) < TOL[dtype]
+    assert np.array_equal(np.asarray(fn(x, routed, shared)), np.asarray(y))  # deterministic: bit-identical
+
+
+@pytest.mark.gpu
+def test_kernel_repeated_expert_and_routing_kernel(rng):
+    """Two choices of one expert; and the routing kernel's experts and weights read on the GPU."""
+    x, routed, shared = make(rng, hidden=256, experts=16, ffn=64, top_k=4, shared_ffn=128, repeat=True)
+    assert rel_error(jax.jit(tf.token_ffn)(x, routed, shared), reference(x, routed, shared)) < TOL[jnp.bfloat16]
+    logits = jnp.asarray(rng.standard_normal((1, 16)), jnp.float32)
+
+    def block(x, logits, w_fc1, w_fc2):
+        routing, _ = route(logits, 4, renormalize=True)
+        return tf.token_ffn(x, tf.Routed(routing.experts, routing.weights, w_fc1, w_fc2))
+
+    routing, _ = route(logits, 4, renormalize=True)
+    want = reference(x, tf.Routed(routing.experts, routing.weights, routed.w_fc1, routed.w_fc2), None)
+    assert rel_error(jax.jit(block)(x, logits, routed.w_fc1, routed.w_fc2), want) < TOL[jnp.bfloat16]
+
+
+@pytest.mark.gpu
+def test_kernel_bad_expert_gives_nan(rng):
+    """An expert id out of range cannot be raised inside a graph: the token's output is NaN."""
+    x, routed, _ = make(rng, hidden=128, experts=4, ffn=32, top_k=2)
+    y = jax.jit(tf.token_ffn)(x, routed._replace(experts=jnp.asarray([[1, 7]], jnp.int32)))
+    assert np.isnan(np.asarray(y, np.float32)).all()
+
+
+@pytest.mark.gpu
+def test_kernel_gradients_are_the_reference_s(rng):
+    x, routed, shared = make(rng, hidden=128, experts=4, ffn=32, top_k=2, shared_ffn=64)
+    loss = lambda f: lambda x, w1, w2, s1: f(x, routed._replace(w_fc1=w1, w_fc2=w2), shared._replace(w_gate_up=s1)).astype(jnp.float32).sum()
+    got = jax.grad(loss(tf.token_ffn), argnums=(0, 1, 2, 3))(x, routed.w_fc1, routed.w_fc2, shared.w_gate_up)
+    want = jax.grad(loss(tf._reference), argnums=(0, 1, 2, 3))(x, routed.w_fc1, routed.w_fc2, shared.w_gate_up)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(w, np.float32), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.gpu
+def test_kernel_refuses_what_it_cannot_run(rng):
+    """f32 and an H past MAX_HIDDEN: applies() says no, and the handler names the problem."""
+    x, _, shared = make(rng, hidden=64, shared_ffn=32, dtype=jnp.float32)
+    assert not tf.applies(x, shared=shared)
+    with pytest.raises(Exception, match="bfloat16 or float16"):
+        jax.jit(tf.token_ffn)(x, None, shared).block_until_ready()
+    x, _, shared = make(rng, hidden=tf.MAX_HIDDEN + 8, shared_ffn=8)
+    assert not tf.applies(x, shared=shared)
