@@ -33,6 +33,7 @@ MAX_HIDDEN = 4096  # csrc/cuda/token_ffn.cu: x is held in shared memory as float
 MAX_UNITS = 256
 VEC = 8  # 16-bit elements per 16-byte load: H, F and the units of a block are multiples of it
 SECTOR = 32  # bytes the memory system moves at a time
+BLOCKS_PER_SM = 2  # csrc/cuda/token_ffn.cu's thread blocks resident per SM
 
 
 class Routed(NamedTuple):
@@ -58,16 +59,16 @@ def applies(x: jax.Array, routed: Optional[Routed] = None, shared: Optional[Shar
 
 
 def plan_units(top_k: int, ffn: int, shared_ffn: int, hidden: int, sms: int) -> int:
-    """Units per thread block: the multiple of 8 whose busiest SM reads the fewest bytes, counting
-    the whole 32-byte sectors that fc1's column slices touch (every block runs in the first wave
-    when the items fit the SMs)."""
-    def busiest(units):
+    """Units per thread block, a multiple of 8: the fewest waves of BLOCKS_PER_SM blocks per SM,
+    then the fewest bytes on the busiest SM, then the fewest bytes in all, counting the whole
+    32-byte sectors that fc1's column slices touch."""
+    def cost(units):
         items = top_k * math.ceil(ffn / units) + math.ceil(shared_ffn / units)
         row = 2 * units  # bytes of one row's gate (or linear) slice, 16-bit weights
         touched = math.ceil(row / SECTOR) * SECTOR + (SECTOR // 2 if row % SECTOR else 0)
         per_item = hidden * 2 * touched + units * hidden * 2
-        return math.ceil(items / sms) * per_item, items
-    return min(range(VEC, MAX_UNITS + 1, VEC), key=busiest)
+        return math.ceil(items / (BLOCKS_PER_SM * sms)), math.ceil(items / sms) * per_item, items * per_item
+    return min(range(VEC, MAX_UNITS + 1, VEC), key=cost)
 
 
 def token_ffn(x: jax.Array, routed: Optional[Routed] = None, shared: Optional[Shared] = None) -> jax.Array:

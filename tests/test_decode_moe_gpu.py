@@ -119,15 +119,18 @@ def test_can_fuse_only_in_device_mode_at_decode_sizes(rng):
     assert not decode_moe.fuses(8, 6, w_fc1, w_fc2, mode="device", activation="swiglu")
 
 
-def test_moe_block_fused_matches_unfused(rng):
+@pytest.mark.parametrize("dtype, target", [(jnp.bfloat16, "te_async_token_ffn"), (jnp.float32, "te_async_expert_gemm")])
+def test_moe_block_fused_matches_unfused(rng, dtype, target):
+    """At one token moe_block runs te_async.token_ffn where it applies (16-bit) and the fused
+    expert GEMMs elsewhere (f32); both match the unfused path."""
     tokens = 1
     experts, hidden, ffn, top_k = 64, 128, 96, 6
-    x, w_fc1, w_fc2, _ = make(rng, tokens, experts, hidden, ffn, jnp.bfloat16, top_k, "random")
-    router = jnp.asarray(rng.standard_normal((hidden, experts)) / np.sqrt(hidden), jnp.bfloat16)
-    scale = jnp.asarray(1 + 0.1 * rng.standard_normal(hidden), jnp.bfloat16)
+    x, w_fc1, w_fc2, _ = make(rng, tokens, experts, hidden, ffn, dtype, top_k, "random")
+    router = jnp.asarray(rng.standard_normal((hidden, experts)) / np.sqrt(hidden), dtype)
+    scale = jnp.asarray(1 + 0.1 * rng.standard_normal(hidden), dtype)
     block = jax.jit(lambda x, fuse: moe_block(x, router, w_fc1, w_fc2, top_k=top_k, norm_scale=scale,
                                               group_sizes_mode="device", fuse=fuse), static_argnums=1)
     hlo = jax.jit(lambda x: moe_block(x, router, w_fc1, w_fc2, top_k=top_k, norm_scale=scale,
                                       group_sizes_mode="device")).lower(x).as_text()
-    assert "te_async_expert_gemm" in hlo and "te_async_route" in hlo
-    assert rel_error(block(x, True), block(x, False)) < TOL[jnp.bfloat16]
+    assert target in hlo and "te_async_route" in hlo
+    assert rel_error(block(x, True), block(x, False)) < TOL[dtype]

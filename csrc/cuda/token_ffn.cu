@@ -7,13 +7,15 @@
 //
 // Work items: the units of each source (routed choice c of the top-k, then the shared experts)
 // cut into blocks of `units` (a multiple of 8, planned in Python: token_ffn.plan_units) -> one
-// thread block per item, one wave (the plan keeps the items within the SMs). Item i of choice c
-// reads expert experts[c] on the GPU, so the kernel sits in a CUDA graph.
-// Per item (512 threads):
+// thread block per item, one wave (the plan keeps the items within two blocks per SM, so that
+// one block streams weights while the other is between its phases). Item i of choice c reads
+// expert experts[c] on the GPU, so the kernel sits in a CUDA graph.
+// Per item (256 threads):
 //   1. x [H] to shared memory as f32.
 //   2. fc1: the item's gate and linear columns (2 * units / 8 16-byte vectors per row of
 //      w_fc1 [H, 2F]) times x, summed over H: thread (g, v) owns vector v and rows g, g + G, ...
-//      (G row groups), 8 independent ld.global.nc loads in flight per thread (64 KB per SM),
+//      (G row groups), 8 independent ld.global.nc loads in flight per thread (64 KB per SM with
+//      two blocks),
 //      f32 FMAs; the G partial sums of each column are added in group order (deterministic).
 //   3. a[u] = silu(h_gate[u]) * h_lin[u], with h and a rounded to x's dtype as the unfused
 //      path rounds them (grouped_mlp: fc1 writes x's dtype; te_async.mlp.activate).
@@ -42,7 +44,8 @@ namespace {
 
 namespace ffi = xla::ffi;
 
-constexpr int kThreads = 512;
+constexpr int kThreads = 256;
+constexpr int kBlocksPerSm = 2;  // two blocks per SM: one streams while the other is between its phases
 constexpr int kVec = 8;           // 16-bit elements per 16-byte vector
 constexpr int kUnroll = 8;        // loads in flight per thread
 constexpr int kMaxHidden = 4096;  // x in shared memory as f32, with the sums' scratch under 48 KB
@@ -118,7 +121,7 @@ __device__ __forceinline__ void WeightedRowSum(const T* __restrict__ w, long lon
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kThreads, 1) TokenFfnKernel(TokenFfnArgs a) {
+__global__ void __launch_bounds__(kThreads, kBlocksPerSm) TokenFfnKernel(TokenFfnArgs a) {
   extern __shared__ float smem[];
   float* xs = smem;                    // [H]
   float* h = xs + a.hidden;            // [2 * units]: gate sums, then linear sums
