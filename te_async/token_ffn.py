@@ -33,7 +33,7 @@ MAX_HIDDEN = 4096  # csrc/cuda/token_ffn.cu: x is held in shared memory as float
 MAX_UNITS = 256
 VEC = 8  # 16-bit elements per 16-byte load: H, F and the units of a block are multiples of it
 SECTOR = 32  # bytes the memory system moves at a time
-BLOCKS_PER_SM = 4  # csrc/cuda/token_ffn.cu's thread blocks resident per SM (kBlocksPerSm)
+BLOCKS_PER_SM = 2  # csrc/cuda/token_ffn.cu's thread blocks resident per SM
 
 
 class Routed(NamedTuple):

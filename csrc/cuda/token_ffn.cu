@@ -7,15 +7,15 @@
 //
 // Work items: the units of each source (routed choice c of the top-k, then the shared experts)
 // cut into blocks of `units` (a multiple of 8, planned in Python: token_ffn.plan_units) -> one
-// thread block per item, one wave (the plan keeps the items within kBlocksPerSm blocks per SM:
-// the rate is set by the loads the SM has in flight, so more resident blocks read faster). Item i
-// of choice c reads expert experts[c] on the GPU, so the kernel sits in a CUDA graph.
+// thread block per item, one wave (the plan keeps the items within two blocks per SM, so that
+// one block streams weights while the other is between its phases). Item i of choice c reads
+// expert experts[c] on the GPU, so the kernel sits in a CUDA graph.
 // Per item (256 threads):
 //   1. x [H] to shared memory as f32.
 //   2. fc1: the item's gate and linear columns (2 * units / 8 16-byte vectors per row of
 //      w_fc1 [H, 2F]) times x, summed over H: thread (g, v) owns vector v and rows g, g + G, ...
-//      (G row groups), 8 independent ld.global.nc loads in flight per thread (128 KB per SM
-//      with four blocks),
+//      (G row groups), 8 independent ld.global.nc loads in flight per thread (64 KB per SM with
+//      two blocks),
 //      f32 FMAs; the G partial sums of each column are added in group order (deterministic).
 //   3. a[u] = silu(h_gate[u]) * h_lin[u], with h and a rounded to x's dtype as the unfused
 //      path rounds them (grouped_mlp: fc1 writes x's dtype; te_async.mlp.activate).
@@ -45,7 +45,7 @@ namespace {
 namespace ffi = xla::ffi;
 
 constexpr int kThreads = 256;
-constexpr int kBlocksPerSm = 4;  // blocks per SM: their loads in flight together (128 KB per SM) set the rate
+constexpr int kBlocksPerSm = 2;  // two blocks per SM: one streams while the other is between its phases
 constexpr int kVec = 8;           // 16-bit elements per 16-byte vector
 constexpr int kUnroll = 8;        // loads in flight per thread
 constexpr int kMaxHidden = 4096;  // x in shared memory as f32, with the sums' scratch under 48 KB
