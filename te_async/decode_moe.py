@@ -11,7 +11,9 @@ routing kernel, fc1, fc2 and the sum. Deterministic, no atomics.
 It can run (can_fuse) in device mode where both GEMMs' plans choose small_groups (decode sizes; at
 most 512 rows, the kernel's row table), on the GPU, for swiglu (the activation of every model in
 te_async.models); elsewhere callers run the unfused path, which is also its reference. The default
-(fuses) takes it for one token per step only, where it measured faster: on an H200, DeepSeek-V2-Lite
+(fuses) takes it for one token per step only, and the MoE blocks ask te_async.token_ffn first (one
+kernel for the routed and shared experts; 16-bit, H <= 4096), so this path runs at one token only
+where that one does not apply. It measured faster than unfused at one token: on an H200, DeepSeek-V2-Lite
 decode per token (docs/benchmarks.md, table G1) 3.99 ms fused against 4.38 ms unfused at B=1, but
 9.71 against 9.55 ms at B=8. Fused fc1 and fc2 are each a little slower than unfused (fc2
 recomputes swiglu for every 64-column tile it loads; 7.5 us more per layer at B=8); at B=1 the four

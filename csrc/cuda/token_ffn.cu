@@ -7,9 +7,8 @@
 //
 // Work items: the units of each source (routed choice c of the top-k, then the shared experts)
 // cut into blocks of `units` (a multiple of 8, planned in Python: token_ffn.plan_units) -> one
-// thread block per item, one wave (the plan keeps the items within two blocks per SM, so that
-// one block streams weights while the other is between its phases). Item i of choice c reads
-// expert experts[c] on the GPU, so the kernel sits in a CUDA graph.
+// thread block per item, one wave of kBlocksPerSm blocks per SM where the units allow it. Item i
+// of choice c reads expert experts[c] on the GPU, so the kernel sits in a CUDA graph.
 // Per item (256 threads):
 //   1. x [H] to shared memory as f32.
 //   2. fc1: the item's gate and linear columns (2 * units / 8 16-byte vectors per row of
@@ -45,7 +44,7 @@ namespace {
 namespace ffi = xla::ffi;
 
 constexpr int kThreads = 256;
-constexpr int kBlocksPerSm = 2;  // two blocks per SM: one streams while the other is between its phases
+constexpr int kBlocksPerSm = 2;  // measured as fast as one 512-thread block and faster than four (benchmarks.md, TF)
 constexpr int kVec = 8;           // 16-bit elements per 16-byte vector
 constexpr int kUnroll = 8;        // loads in flight per thread
 constexpr int kMaxHidden = 4096;  // x in shared memory as f32, with the sums' scratch under 48 KB

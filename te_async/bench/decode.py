@@ -10,7 +10,7 @@ Modes:
   async_late    async with early_copy=False: the copy issued by grouped_mlp, after the permutation,
                 which shows what issuing it early buys.
   device        moe_block in device mode, when te_async has it: the routing kernel at decode sizes,
-                and at T=1 the fused experts (te_async.decode_moe.fuses).
+                and at T=1 the experts in one kernel (te_async.token_ffn).
   device_unfused  device mode without that fusion (the routing kernel still runs).
   ragged_dot    the same step with jax.lax.ragged_dot for fc1 and fc2: what plain JAX offers.
   nohost        the same step with each sorted row's expert weights gathered and applied by an

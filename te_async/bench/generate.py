@@ -5,8 +5,8 @@ Mixtral-8x7B (random weights: te_async.models.preset + init_params; --hf PATH lo
 checkpoint instead) decodes B sequences, one token each per step, against a KV cache of
 --context tokens, once per mode:
   sync, async, device   the routed experts through te_async.grouped_mlp in that group-sizes mode
-                        (device with one token per step: fused with the permutation,
-                        te_async.decode_moe.fuses);
+                        (device with one token per step: the routed and shared experts in
+                        one kernel, te_async.token_ffn);
   device_unfused        device mode without that fusion;
   ragged_dot            the same model with jax.lax.ragged_dot for the experts (plain JAX).
 Everything else in the step (attention, shared experts, routers, LM head) is the same code.
