@@ -24,7 +24,6 @@ float32 and rounded once, where the unfused path rounds each part. Gradients, if
 of _reference (a jax.custom_vjp): decode needs none.
 """
 
-import functools
 import math
 from typing import NamedTuple, Optional
 
@@ -70,12 +69,17 @@ def plan_units(top_k: int, ffn: int, shared_ffn: int, hidden: int, sms: int) -> 
     then the fewest bytes on the busiest SM, then the fewest bytes in all, counting the whole
     32-byte sectors that fc1's column slices touch."""
     def cost(units):
-        items = top_k * math.ceil(ffn / units) + math.ceil(shared_ffn / units)
+        items = blocks(top_k, ffn, shared_ffn, units)
         row = 2 * units  # bytes of one row's gate (or linear) slice, 16-bit weights
         touched = math.ceil(row / SECTOR) * SECTOR + (SECTOR // 2 if row % SECTOR else 0)
         per_item = hidden * 2 * touched + units * hidden * 2
         return math.ceil(items / (BLOCKS_PER_SM * sms)), math.ceil(items / sms) * per_item, items * per_item
     return min(range(VEC, MAX_UNITS + 1, VEC), key=cost)
+
+
+def blocks(top_k: int, ffn: int, shared_ffn: int, units: int) -> int:
+    """Thread blocks of a call: each routed choice's F units and the shared experts' Fs, in blocks."""
+    return top_k * math.ceil(ffn / units) + math.ceil(shared_ffn / units)
 
 
 def token_ffn(x: jax.Array, routed: Optional[Routed] = None, shared: Optional[Shared] = None) -> jax.Array:
@@ -131,8 +135,7 @@ def _kernel(x, routed, shared):
                                 else shared)
     scale = jnp.ones((1,), jnp.float32) if scale is None else scale.reshape(1).astype(jnp.float32)
     units = _units(x, routed, shared)
-    items = experts.shape[0] * math.ceil(w_fc2.shape[1] / units) + math.ceil(w_down.shape[0] / units)
-    out = jax.ShapeDtypeStruct((items, h), jnp.float32)
+    out = jax.ShapeDtypeStruct((blocks(experts.shape[0], w_fc2.shape[1], w_down.shape[0], units), h), jnp.float32)
     partial = jax.ffi.ffi_call(TOKEN_FFN, out)(x, w_fc1, w_fc2, experts, weights, w_gate_up, w_down, scale,
                                                units=units)
     return partial.sum(axis=0, keepdims=True).astype(x.dtype)
