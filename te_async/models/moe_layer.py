@@ -68,13 +68,15 @@ def moe_block(p: dict, cfg, x: jax.Array, *, group_sizes_mode: Optional[str], ex
             handle, x = jax.lax.optimization_barrier((handle, x))
     gate = None
     if cfg.shared_expert_gate:
-        gate = jax.nn.sigmoid(jnp.dot(x, p["shared_gate"], preferred_element_type=jnp.float32))
+        with jax.named_scope("shared_experts"):
+            gate = jax.nn.sigmoid(jnp.dot(x, p["shared_gate"], preferred_element_type=jnp.float32))
     if experts == "te_async" and mode == "device":
         routed = token_ffn.Routed(routing.experts, routing.weights, p["w_fc1"], p["w_fc2"])
-        both = token_ffn.Shared(p["shared"]["w_gate_up"], p["shared"]["w_down"], gate) if "shared" in p else None
-        if token_ffn.applies(x, routed, both):
+        shared_weights = token_ffn.Shared(p["shared"]["w_gate_up"], p["shared"]["w_down"], gate) if "shared" in p else None
+        if token_ffn.applies(x, routed, shared_weights):
             with jax.named_scope("token_ffn"):
-                return _finish(token_ffn.token_ffn(x, routed, both), None, shape, routing, return_routing)
+                y = token_ffn.token_ffn(x, routed, shared_weights)
+            return _finish(y, None, shape, routing, return_routing)
     shared = None
     if cfg.shared_intermediate_size:
         with jax.named_scope("shared_experts"):
