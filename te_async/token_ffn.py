@@ -99,6 +99,8 @@ def _check(x, routed, shared):
         k, (e, f) = routed.experts.shape[-1], routed.w_fc2.shape[:2]
         if routed.experts.shape != (1, k) or routed.weights.shape != (1, k):
             raise ValueError(f"experts and weights must be [1, k], got {routed.experts.shape}, {routed.weights.shape}")
+        if not jnp.issubdtype(routed.experts.dtype, jnp.integer):
+            raise TypeError(f"experts must be integer expert ids, got {routed.experts.dtype}")
         if routed.w_fc1.shape != (e, h, 2 * f) or routed.w_fc2.shape != (e, f, h):
             raise ValueError(f"need w_fc1 [E, H, 2F] and w_fc2 [E, F, H] for H = {h}, got {routed.w_fc1.shape}, "
                              f"{routed.w_fc2.shape}")
@@ -130,7 +132,8 @@ def _kernel(x, routed, shared):
     none = jnp.zeros((0, h, 0), x.dtype), jnp.zeros((0, 0, h), x.dtype)
     experts, weights, w_fc1, w_fc2 = (
         (jnp.zeros((0,), jnp.int32), jnp.zeros((0,), jnp.float32), *none) if routed is None else
-        (routed.experts.reshape(-1), routed.weights.reshape(-1).astype(jnp.float32), routed.w_fc1, routed.w_fc2))
+        (routed.experts.reshape(-1).astype(jnp.int32), routed.weights.reshape(-1).astype(jnp.float32), routed.w_fc1,
+         routed.w_fc2))
     w_gate_up, w_down, scale = ((jnp.zeros((h, 0), x.dtype), jnp.zeros((0, h), x.dtype), None) if shared is None
                                 else shared)
     scale = jnp.ones((1,), jnp.float32) if scale is None else scale.reshape(1).astype(jnp.float32)

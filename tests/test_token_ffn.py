@@ -98,6 +98,8 @@ def test_errors(rng):
         tf.token_ffn(jnp.concatenate([x, x]), routed)
     with pytest.raises(ValueError, match=r"\[1, k\]"):
         tf.token_ffn(x, routed._replace(experts=routed.experts[0]))
+    with pytest.raises(TypeError, match="integer expert ids"):
+        tf.token_ffn(x, routed._replace(experts=routed.experts.astype(jnp.float32)))
     with pytest.raises(ValueError, match=r"w_fc1 \[E, H, 2F\]"):
         tf.token_ffn(x, routed._replace(w_fc1=routed.w_fc1[:, :, :-2]))
     with pytest.raises(ValueError, match=r"w_gate_up \[H, 2Fs\]"):
