@@ -20,7 +20,7 @@
 //      path rounds them (grouped_mlp: fc1 writes x's dtype; te_async.mlp.activate).
 //   4. fc2: rows u0 .. u0 + units of w_fc2 [F, H] (contiguous) times a, the same way, and the
 //      item's f32 partial output, times the routing weight (or the shared scale), goes to
-//      out[i, :]. The caller sums out over items (an XLA reduction it fuses with the residual add).
+//      out[i, :]. The caller sums out over items (an XLA reduction).
 // An expert id outside [0, E) cannot be raised inside a graph: that item's row of out is NaN, so
 // the token's output is NaN.
 #include <cuda_bf16.h>
