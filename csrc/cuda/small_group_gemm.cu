@@ -687,8 +687,6 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) SmallGroupsNkKernel(Ar
 
 // ---- host side -----------------------------------------------------------------------------
 
-bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
-
 // Upper bound on the row chunks: ranges (G groups + the zero range) with m_i rows give
 // sum ceil(m_i / 8) <= (M + 7 * nonempty) / 8, nonempty <= min(G + 1, M).
 long long MaxChunks(long long groups, long long rows) {

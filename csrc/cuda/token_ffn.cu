@@ -163,8 +163,6 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) TokenFfnKernel(TokenFf
       [=](int col, float s) { out[col] = scale * s; });
 }
 
-bool Aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 ffi::Error TokenFfn(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer w1, ffi::AnyBuffer w2,
@@ -212,7 +210,7 @@ ffi::Error TokenFfn(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer w1, ff
   }
   for (const void* p : {x.untyped_data(), w1.untyped_data(), w2.untyped_data(), shared_w1.untyped_data(),
                         shared_w2.untyped_data()}) {
-    if (!Aligned(p)) return bad("operands must be 16-byte aligned");
+    if (!Aligned16(p)) return bad("operands must be 16-byte aligned");
   }
   if (PoisonOutputs()) TE_ASYNC_CUDA(cudaMemsetAsync(out->untyped_data(), 0xff, out->size_bytes(), stream));
 

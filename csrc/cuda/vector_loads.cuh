@@ -5,6 +5,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cstdint>
 #include <type_traits>
 
 namespace te_async {
@@ -62,6 +63,9 @@ __device__ __forceinline__ void Unpack(const uint4& v, float (&f)[Elem<T>::kVec]
     for (int i = 0; i < 4; ++i) f[i] = __uint_as_float(w[i]);
   }
 }
+
+// Whether p can be read with 16-byte vector loads (host side: a launcher's choice of path).
+inline bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 // Weights are streamed: read once from HBM, no L1 allocation (L2 keeps them for any other block
 // that reads the same lines at about the same time).
