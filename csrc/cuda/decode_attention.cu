@@ -11,7 +11,7 @@
 // keys, in tiles of 32 keys that cp.async brings into shared memory while the previous tile is
 // computed. Scores and P.V run on the tensor cores (mma.sync m16n8k16, bf16 in, f32 accumulate)
 // with an online softmax in f32; the block writes its unnormalised output with its running max and
-// sum, and CombineKernel merges the splits in split order (deterministic). DeepSeek's MLA: the keys
+// sum, and CombineKernel merges the splits in a fixed order (deterministic). DeepSeek's MLA: the keys
 // are the latent followed by the rope key, and the values are the latent itself, taken from the
 // same shared-memory tile. A query that sees no key (a negative position, a bad layer index) gets
 // NaN, as a softmax over nothing does.
@@ -249,12 +249,22 @@ __device__ __forceinline__ float BlockReduce(float x, float* scratch, Op op) {
   return x;
 }
 
-// Block (bh, r) merges row r's splits: out = sum_s 2^(max_s - M) O_s / sum_s 2^(max_s - M) sum_s,
-// a thread per 4 value columns. Splits that saw no key (max -inf) never wrote O and are skipped.
+// The merge: out = sum_s 2^(max_s - M) O_s / sum_s 2^(max_s - M) sum_s over the splits s of a row.
+// Block (bh, r, chunk) takes kMergeColumns columns of row r: thread (lane, quad) adds up 4 columns
+// over the splits lane, lane + kMergeLanes, ..., so that every load of a thread is independent of
+// the others (one block walking all splits of a row took 16 us at 64 splits, DeepSeek-V2-Lite at
+// B=1); the lanes' sums are then added in lane order, so the result is the same in every run.
+// Splits that saw no key (max -inf) never wrote O and are skipped.
+constexpr int kMergeColumns = 64;
+constexpr int kMergeQuads = kMergeColumns / 4;
+constexpr int kMergeLanes = kThreads / kMergeQuads;
+
 template <int DV>
 __global__ void __launch_bounds__(kThreads) CombineKernel(Args a, int splits) {
+  static_assert(DV % kMergeColumns == 0, "whole merge chunks");
   __shared__ float weight[kDecodeAttentionMaxSplits];
   __shared__ float scratch[kWarps];
+  __shared__ float4 lane_sums[kMergeLanes][kMergeQuads];
   const int bh = blockIdx.x, r = blockIdx.y, b = bh / a.kv_heads, kv_head = bh % a.kv_heads;
   const int group = a.heads / a.kv_heads;
   if (r >= group * a.tokens) return;
@@ -270,21 +280,28 @@ __global__ void __launch_bounds__(kThreads) CombineKernel(Args a, int splits) {
     total += weight[s] * row[s * split_stride + DV + 1];
   }
   total = BlockReduce(total, scratch, [](float x, float y) { return x + y; });  // also publishes `weight`
-  bf16* out = a.out + ((static_cast<size_t>(b) * a.tokens + r / group) * a.heads + kv_head * group + r % group) * DV;
-  for (int col = 4 * threadIdx.x; col < DV; col += 4 * kThreads) {
-    float4 acc = {0.f, 0.f, 0.f, 0.f};
+  const int quad = threadIdx.x % kMergeQuads, lane = threadIdx.x / kMergeQuads;
+  const int col = blockIdx.z * kMergeColumns + 4 * quad;
+  float4 acc = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll 4
-    for (int s = 0; s < splits; ++s) {
-      if (weight[s] == 0.f) continue;
-      // (DV + 2) floats per row: an 8-byte aligned pair of float2 loads, not a float4
-      const float2 lo = *reinterpret_cast<const float2*>(row + s * split_stride + col);
-      const float2 hi = *reinterpret_cast<const float2*>(row + s * split_stride + col + 2);
-      acc.x += weight[s] * lo.x, acc.y += weight[s] * lo.y, acc.z += weight[s] * hi.x, acc.w += weight[s] * hi.y;
-    }
-    // no key seen: 0 / 0
-    out[col] = __float2bfloat16(acc.x / total), out[col + 1] = __float2bfloat16(acc.y / total);
-    out[col + 2] = __float2bfloat16(acc.z / total), out[col + 3] = __float2bfloat16(acc.w / total);
+  for (int s = lane; s < splits; s += kMergeLanes) {
+    if (weight[s] == 0.f) continue;
+    // (DV + 2) floats per row: an 8-byte aligned pair of float2 loads, not a float4
+    const float2 lo = *reinterpret_cast<const float2*>(row + s * split_stride + col);
+    const float2 hi = *reinterpret_cast<const float2*>(row + s * split_stride + col + 2);
+    acc.x += weight[s] * lo.x, acc.y += weight[s] * lo.y, acc.z += weight[s] * hi.x, acc.w += weight[s] * hi.y;
   }
+  lane_sums[lane][quad] = acc;
+  __syncthreads();
+  if (lane != 0) return;
+  for (int l = 1; l < kMergeLanes; ++l) {
+    const float4 x = lane_sums[l][quad];
+    acc.x += x.x, acc.y += x.y, acc.z += x.z, acc.w += x.w;
+  }
+  bf16* out = a.out + ((static_cast<size_t>(b) * a.tokens + r / group) * a.heads + kv_head * group + r % group) * DV;
+  // no key seen: 0 / 0
+  out[col] = __float2bfloat16(acc.x / total), out[col + 1] = __float2bfloat16(acc.y / total);
+  out[col + 2] = __float2bfloat16(acc.z / total), out[col + 3] = __float2bfloat16(acc.w / total);
 }
 
 template <int DQ, int DV, bool kValuesAreKeys>
@@ -294,7 +311,7 @@ ffi::Error Launch(cudaStream_t stream, const Args& a, int splits) {
   TE_ASYNC_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(L::kBytes)));
   kernel<<<dim3(splits, a.batch * a.kv_heads), kThreads, L::kBytes, stream>>>(a);
   TE_ASYNC_CUDA(cudaGetLastError());
-  CombineKernel<DV><<<dim3(a.batch * a.kv_heads, kRows), kThreads, 0, stream>>>(a, splits);
+  CombineKernel<DV><<<dim3(a.batch * a.kv_heads, kRows, DV / kMergeColumns), kThreads, 0, stream>>>(a, splits);
   return CudaStatus(cudaGetLastError(), "launch of the decode attention's CombineKernel");
 }
 
