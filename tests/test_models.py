@@ -181,6 +181,23 @@ def test_generate_is_greedy_over_forward(model):
     np.testing.assert_array_equal(one, out[:, :PROMPT + 1])
 
 
+@pytest.mark.parametrize("name", ["deepseek_v2_scan", "mixtral_scan"])
+def test_generate_unrolled_matches_the_scan(name):
+    """generate's layers written out (unroll_layers; by default at the batches of
+    models.model.UNROLL_BATCHES) give the scan's tokens, and the unrolled step holds no scan."""
+    config, params, tokens, _ = make_model(name)
+    prompt = tokens[:, :PROMPT]
+    scanned = np.asarray(models.generate(params, config, prompt, TOTAL - PROMPT, unroll_layers=False))
+    unrolled = np.asarray(models.generate(params, config, prompt, TOTAL - PROMPT, unroll_layers=True))
+    np.testing.assert_array_equal(unrolled, scanned)
+    assert [models.model.unrolls(b) for b in (1, 2, 4, 8, 16, 32)] == [False, False, True, True, True, False]
+    cache = models.init_cache(config, 2, TOTAL, jnp.float32)
+    state = models.model._GreedyState(cache, jnp.zeros((2, 4), jnp.int32), jnp.int32(1), jnp.int32(PROMPT))
+    for unroll, scans in ((False, 1), (True, 0)):
+        jaxpr = jax.make_jaxpr(lambda s: models.model._greedy_step(params, config, s, None, "te_async", unroll))(state)
+        assert str(jaxpr).count("scan[") == scans
+
+
 def _moe_reference(p, config, x):
     """The MoE block in float64 numpy, one token and one expert at a time."""
     p = jax.tree_util.tree_map(lambda a: np.asarray(a, np.float64), p)

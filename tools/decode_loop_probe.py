@@ -1,12 +1,14 @@
-"""Per-token time of two greedy decode loops over one model (wall clock, p50 over --steps): the
-loop a user writes around te_async.models.decode_step (new token, position and logits buffers in
-every step) and generate's loop (models.model._greedy_step: the tokens kept in donated device
-state, so every buffer keeps its address and XLA replays the step's CUDA graphs without updating
-them). Writes decode_loop.json (with the run's environment) to --out.
+"""Per-token time of greedy decode loops over one model (wall clock, p50 over --steps): the loop a
+user writes around te_async.models.decode_step (new token, position and logits buffers in every
+step), and generate's loop (models.model._greedy_step: the tokens kept in donated device state, so
+every buffer keeps its address and XLA replays the step's CUDA graphs without updating them) with
+the layers scanned (`generate`) and written out (`generate_unrolled`). Writes decode_loop.json
+(with the run's environment) to --out.
 
-    python3 -P tools/decode_loop_probe.py [--preset deepseek-v2-lite] [--batches 1 8] [--out DIR]
+    python3 -P tools/decode_loop_probe.py [--preset deepseek-v2-lite] [--batches 1 8] [--loops ...] [--out DIR]
 """
 import argparse
+import functools
 import json
 import pathlib
 import time
@@ -20,6 +22,7 @@ from te_async.bench import generate, timing
 from te_async.models.model import greedy_tokens, _greedy_step, _GreedyState
 
 WARMUP = 5
+LOOPS = ("decode_step", "generate", "generate_unrolled")
 
 
 def time_loop(step, state, steps: int) -> list:
@@ -40,6 +43,7 @@ def main():
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--context", type=int, default=4096)
     ap.add_argument("--mode", default="device")
+    ap.add_argument("--loops", nargs="+", choices=LOOPS, default=list(LOOPS))
     ap.add_argument("--out", type=pathlib.Path, default=pathlib.Path("."))
     args = ap.parse_args()
     params, config = generate.load_model(args.preset, dtype=jnp.bfloat16 if jax.default_backend() == "gpu" else jnp.float32)
@@ -47,7 +51,7 @@ def main():
     rows = []
     for batch in args.batches:
         row = dict(batch=batch)
-        for loop in ("decode_step", "generate"):
+        for loop in args.loops:
             cache, logits = generate.filled_cache(params, config, batch, args.context, 16)
             if loop == "decode_step":
                 def step(s):
@@ -56,13 +60,16 @@ def main():
                     return cache, greedy_tokens(logits), position + 1
                 state = (cache, greedy_tokens(logits), start)
             else:
-                step = lambda s: _greedy_step(params, config, s, args.mode, "te_async")
+                step = functools.partial(_greedy_step, params, config, group_sizes_mode=args.mode, experts="te_async",
+                                         unroll=loop == "generate_unrolled")
                 tokens = jnp.zeros((batch, WARMUP + args.steps + 1), jnp.int32).at[:, :1].set(greedy_tokens(logits))
                 state = _GreedyState(cache, tokens, jnp.asarray(1, jnp.int32), jnp.asarray(start, jnp.int32))
             del cache
             t = time_loop(step, state, args.steps)
             row[f"{loop}_p50_ms"], row[f"{loop}_min_ms"] = float(np.median(t)), float(min(t))
-        row["speedup"] = row["decode_step_p50_ms"] / row["generate_p50_ms"]
+        if "generate" in args.loops:  # each loop's speed-up over the scanned generate loop
+            for loop in args.loops:
+                row[f"{loop}_speedup"] = row["generate_p50_ms"] / row[f"{loop}_p50_ms"]
         print(json.dumps(row), flush=True)
         rows.append(row)
     result = dict(benchmark="decode_loop_probe", preset=args.preset, mode=args.mode, context=args.context,

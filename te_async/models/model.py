@@ -6,7 +6,8 @@ Layers run by runs (params.layer_runs): a run of one layer runs inline, under th
 stacked params and cache, under the named scope `layers{first}-{last}`, so that the compiled
 program holds one body per run whatever the depth (DeepSeek-V2-Lite: `layer0`, dense, then
 `layers1-26`). Inside a scan body each layer writes only its new cache entries into the run's
-stacked cache (a carry, updated in place) and reads its layer of it. Token ids are checked on the
+stacked cache (a carry, updated in place) and reads its layer of it. generate's decode steps write
+the runs out layer by layer at the batches where that measured faster (unrolls). Token ids are checked on the
 host where the values are at hand (forward, prefill, generate); inside jit, where they are not, an
 id out of range and a decode position past the cache give NaN logits instead of a silent answer.
 """
@@ -30,6 +31,12 @@ from .params import check_params, layer_runs
 from .rope import cos_sin
 
 _STATIC = ("config", "group_sizes_mode", "experts")
+# The batches at which generate writes its decode steps' layers out. DeepSeek-V2-Lite, 4096 cached
+# tokens, device mode, one H200, generate's loop p50, unrolled against scanned (docs/benchmarks.md,
+# table G4): B=1 0.92x, 2 0.99x, 4 1.09x, 8 1.15x, 32 1.06x. Up to 16 the routed experts run the
+# same kernel (small_groups) whether CUTLASS is built or not; B=32 ran it in a build without
+# CUTLASS, where a CUTLASS build runs CUTLASS, so the range stops at 16 until that is measured.
+UNROLL_BATCHES = range(4, 17)
 
 
 def _embed(embed: jax.Array, tokens: jax.Array) -> jax.Array:
@@ -57,9 +64,21 @@ def _layer(p, cfg: Config, x, cos, sin, cache, position, window, group_sizes_mod
     return x + swiglu_mlp(p["mlp"], h), cache, None
 
 
-def _decoder(params, cfg: Config, tokens, cache, position, group_sizes_mode, experts) -> tuple:
+def _unrolled(body, carry, xs, n: int) -> tuple:
+    """lax.scan(body, carry, xs) over n layers written out: layer i runs on static slices of the
+    stacked params, with i a Python int (so the cache's LayerOf index is static too)."""
+    stacked, _ = xs
+    outs = []
+    for i in range(n):
+        carry, out = body(carry, (jax.tree_util.tree_map(lambda a, i=i: a[i], stacked), i))
+        outs.append(out)
+    return carry, None if outs[0] is None else jnp.stack(outs)
+
+
+def _decoder(params, cfg: Config, tokens, cache, position, group_sizes_mode, experts, unroll=False) -> tuple:
     """(final-normed hidden states [B, S, H], the updated cache (None without one), the experts
-    the tokens chose in each MoE layer: int32 [moe_layers, B*S, k])."""
+    the tokens chose in each MoE layer: int32 [moe_layers, B*S, k]). unroll: every run of layers
+    written out layer by layer instead of a lax.scan (generate's loop at larger batches)."""
     check_experts(experts, group_sizes_mode)
     check_params(params, cfg)
     if tokens.ndim != 2 or not jnp.issubdtype(tokens.dtype, jnp.integer):
@@ -84,7 +103,8 @@ def _decoder(params, cfg: Config, tokens, cache, position, group_sizes_mode, exp
                 (x, stack), chosen = body(carry, (layer, 0))
                 chosen = None if chosen is None else chosen[None]
             else:
-                (x, stack), chosen = jax.lax.scan(body, carry, (params["layers"][r], jnp.arange(n, dtype=jnp.int32)))
+                scan = functools.partial(_unrolled, n=n) if unroll else jax.lax.scan
+                (x, stack), chosen = scan(body, carry, (params["layers"][r], jnp.arange(n, dtype=jnp.int32)))
         new_cache.append(stack)
         if chosen is not None:
             routing.append(chosen)
@@ -111,11 +131,11 @@ def _prefill(params, config, cache, tokens, group_sizes_mode, experts):
     return _logits(params, x[:, -1]), cache
 
 
-@functools.partial(jax.jit, static_argnames=_STATIC + ("return_routing",), donate_argnames=("cache",))
-def _decode_step(params, config, cache, tokens, position, group_sizes_mode, experts, return_routing):
+@functools.partial(jax.jit, static_argnames=_STATIC + ("return_routing", "unroll"), donate_argnames=("cache",))
+def _decode_step(params, config, cache, tokens, position, group_sizes_mode, experts, return_routing, unroll=False):
     if tokens.ndim != 2 or tokens.shape[0] != cache_batch(cache):
         raise ValueError(f"tokens must be [batch, T] with the cache's batch, got {tuple(tokens.shape)}")
-    x, cache, routing = _decoder(params, config, tokens, cache, position, group_sizes_mode, experts)
+    x, cache, routing = _decoder(params, config, tokens, cache, position, group_sizes_mode, experts, unroll)
     fits = (position >= 0) & (position + tokens.shape[1] <= cache_length(cache))
     logits = jnp.where(fits, _logits(params, x[:, -1]), jnp.nan)
     return (logits, cache, routing) if return_routing else (logits, cache)
@@ -170,12 +190,13 @@ class _GreedyState(NamedTuple):
     start: jax.Array  # int32 scalar: the cache position of tokens[:, 0]
 
 
-@functools.partial(jax.jit, static_argnames=_STATIC, donate_argnames=("state",))
-def _greedy_step(params, config, state: _GreedyState, group_sizes_mode, experts) -> _GreedyState:
+@functools.partial(jax.jit, static_argnames=_STATIC + ("unroll",), donate_argnames=("state",))
+def _greedy_step(params, config, state: _GreedyState, group_sizes_mode, experts, unroll=False) -> _GreedyState:
     """Feeds the last generated token through decode_step and appends the argmax of its logits."""
     cache, tokens, count, start = state
     last = jax.lax.dynamic_slice_in_dim(tokens, count - 1, 1, axis=1)
-    logits, cache = _decode_step(params, config, cache, last, start + count - 1, group_sizes_mode, experts, False)
+    logits, cache = _decode_step(params, config, cache, last, start + count - 1, group_sizes_mode, experts, False,
+                                 unroll)
     tokens = jax.lax.dynamic_update_slice_in_dim(tokens, greedy_tokens(logits), count, axis=1)
     return _GreedyState(cache, tokens, count + 1, start)
 
@@ -223,13 +244,24 @@ def prefill(params, config: Config, cache: list, tokens, *, group_sizes_mode: Op
     return _prefill(params, config, cache, tokens, group_sizes_mode, experts)
 
 
+def unrolls(batch: int) -> bool:
+    """Whether generate's decode steps write their layers out (one CUDA graph per step, which
+    XLA replays as it is in generate's donated loop) rather than scan them (a graph per scan trip,
+    whose operands move with the trip): in UNROLL_BATCHES, where that measured faster. At one or
+    two sequences the scan was faster."""
+    return batch in UNROLL_BATCHES
+
+
 def generate(params, config: Config, prompt, max_new_tokens: int, *, group_sizes_mode: Optional[str] = None,
-             experts: str = "te_async", max_len: Optional[int] = None) -> jax.Array:
+             experts: str = "te_async", max_len: Optional[int] = None,
+             unroll_layers: Optional[bool] = None) -> jax.Array:
     """Greedy decoding: tokens [B, S + max_new_tokens], the prompt [B, S] then the argmax tokens.
 
     One jitted prefill fills a cache of max_len tokens (default S + max_new_tokens, in the
     embedding's dtype), then one jitted step per further token: decode_step on the last token and
-    its argmax, with the tokens kept on the device (_GreedyState says why).
+    its argmax, with the tokens kept on the device (_GreedyState says why). unroll_layers: the
+    decode steps' runs of layers written out rather than scanned; None decides by the batch
+    (unrolls). Unrolling compiles longer and gives the same tokens.
     """
     prompt = _check_tokens(prompt, config)
     if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
@@ -245,6 +277,7 @@ def generate(params, config: Config, prompt, max_new_tokens: int, *, group_sizes
     logits, cache = prefill(params, config, cache, prompt, **modes)
     tokens = jnp.zeros((batch, max_new_tokens), jnp.int32).at[:, :1].set(greedy_tokens(logits))
     state = _GreedyState(cache, tokens, jnp.asarray(1, jnp.int32), jnp.asarray(length, jnp.int32))
+    unroll = unrolls(batch) if unroll_layers is None else bool(unroll_layers)
     for _ in range(max_new_tokens - 1):
-        state = _greedy_step(params, config, state, group_sizes_mode, experts)
+        state = _greedy_step(params, config, state, group_sizes_mode, experts, unroll)
     return jnp.concatenate([prompt, state.tokens], axis=1)
