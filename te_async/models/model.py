@@ -7,9 +7,10 @@ stacked params and cache, under the named scope `layers{first}-{last}`, so that 
 program holds one body per run whatever the depth (DeepSeek-V2-Lite: `layer0`, dense, then
 `layers1-26`). Inside a scan body each layer writes only its new cache entries into the run's
 stacked cache (a carry, updated in place) and reads its layer of it. generate's decode steps write
-the runs out layer by layer at the batches where that measured faster (unrolls). Token ids are checked on the
-host where the values are at hand (forward, prefill, generate); inside jit, where they are not, an
-id out of range and a decode position past the cache give NaN logits instead of a silent answer.
+the runs out layer by layer at the batches where that measured faster (unrolls). Token ids are
+checked on the host where the values are at hand (forward, prefill, generate); inside jit, where
+they are not, an id out of range and a decode position past the cache give NaN logits instead of
+a silent answer.
 """
 
 import functools
@@ -261,7 +262,7 @@ def generate(params, config: Config, prompt, max_new_tokens: int, *, group_sizes
     embedding's dtype), then one jitted step per further token: decode_step on the last token and
     its argmax, with the tokens kept on the device (_GreedyState says why). unroll_layers: the
     decode steps' runs of layers written out rather than scanned; None decides by the batch
-    (unrolls). Unrolling compiles longer and gives the same tokens.
+    (unrolls); either way the tokens are the same.
     """
     prompt = _check_tokens(prompt, config)
     if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
