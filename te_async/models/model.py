@@ -245,12 +245,12 @@ def prefill(params, config: Config, cache: list, tokens, *, group_sizes_mode: Op
     return _prefill(params, config, cache, tokens, group_sizes_mode, experts)
 
 
-def unrolls(batch: int) -> bool:
+def unrolls(batch: int, group_sizes_mode: Optional[str] = None, experts: str = "te_async") -> bool:
     """Whether generate's decode steps write their layers out (one CUDA graph per step, which
     XLA replays as it is in generate's donated loop) rather than scan them (a graph per scan trip,
-    whose operands move with the trip): in UNROLL_BATCHES, where that measured faster. At one or
-    two sequences the scan was faster."""
-    return batch in UNROLL_BATCHES
+    whose operands move with the trip): in UNROLL_BATCHES, where that measured faster, and in
+    device mode (the default), the only one measured. At one or two sequences the scan was faster."""
+    return batch in UNROLL_BATCHES and experts == "te_async" and group_sizes_mode in (None, "device")
 
 
 def generate(params, config: Config, prompt, max_new_tokens: int, *, group_sizes_mode: Optional[str] = None,
@@ -261,8 +261,8 @@ def generate(params, config: Config, prompt, max_new_tokens: int, *, group_sizes
     One jitted prefill fills a cache of max_len tokens (default S + max_new_tokens, in the
     embedding's dtype), then one jitted step per further token: decode_step on the last token and
     its argmax, with the tokens kept on the device (_GreedyState says why). unroll_layers: the
-    decode steps' runs of layers written out rather than scanned; None decides by the batch
-    (unrolls); either way the tokens are the same.
+    decode steps' runs of layers written out rather than scanned; None decides by the batch and
+    the mode (unrolls); either way the tokens are the same.
     """
     prompt = _check_tokens(prompt, config)
     if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
@@ -278,7 +278,7 @@ def generate(params, config: Config, prompt, max_new_tokens: int, *, group_sizes
     logits, cache = prefill(params, config, cache, prompt, **modes)
     tokens = jnp.zeros((batch, max_new_tokens), jnp.int32).at[:, :1].set(greedy_tokens(logits))
     state = _GreedyState(cache, tokens, jnp.asarray(1, jnp.int32), jnp.asarray(length, jnp.int32))
-    unroll = unrolls(batch) if unroll_layers is None else bool(unroll_layers)
+    unroll = unrolls(batch, group_sizes_mode, experts) if unroll_layers is None else bool(unroll_layers)
     for _ in range(max_new_tokens - 1):
         state = _greedy_step(params, config, state, group_sizes_mode, experts, unroll)
     return jnp.concatenate([prompt, state.tokens], axis=1)
