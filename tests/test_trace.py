@@ -134,6 +134,25 @@ def test_timeline_and_plot(log_dir, tmp_path):
     assert pathlib.Path(out).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_kernel_table_and_files(tmp_path):
+    """Names shortened and summed across layers; idle time charged to the kernel after each gap;
+    the markdown and the files write_timeline leaves."""
+    te = "void te_async::(anonymous namespace)::TokenFfnKernel<__nv_bfloat16>(te_async::(anonymous namespace)::Args)"
+    iv = [("s", 0.0, 2.0, "input_reduce_fusion_3"), ("s", 2.0, 10.0, te), ("s", 15.0, 1.0, "loop_add_fusion"),
+          ("s", 16.0, 2.0, "input_reduce_fusion_7"), ("s", 18.0, 9.0, te), ("s", 30.0, 1.0, "loop_add_fusion.1"),
+          ("t", 16.5, 1.0, "memcpy32_post")]  # overlaps input_reduce_fusion_7 on another stream: no idle
+    table = trace.kernel_table(iv)
+    assert table == [("TokenFfnKernel", 2, 19.0, 0.0), ("loop_add_fusion", 2, 2.0, 6.0),
+                     ("input_reduce_fusion", 2, 4.0, 0.0), ("memcpy32_post", 1, 1.0, 0.0)]
+    md = trace.kernel_markdown({"device": iv}, top=2)
+    assert "7 launches, 26.0 us of kernels, 6.0 us idle" in md and "| TokenFfnKernel | 2 | 19.0 | 73% | 0.0 |" in md
+    assert "memcpy32_post" not in md
+    trace.write_timeline({"device": iv}, tmp_path / "t", plots=False)
+    assert json.loads((tmp_path / "t.json").read_text())["device"][1][3] == te
+    assert (tmp_path / "t_kernels.md").read_text() == trace.kernel_markdown({"device": iv})
+    assert not (tmp_path / "t.png").exists()
+
+
 def test_real_cpu_trace(tmp_path):
     jax = pytest.importorskip("jax")
     f = jax.jit(lambda a: a @ a)

@@ -212,12 +212,52 @@ def timeline_intervals(path, device=0, window=None):
             for d in dev if d["end"] > lo and d["start"] < hi]
 
 
+_TE_ASYNC_KERNEL = re.compile(r"te_async::\(anonymous namespace\)::(\w+)")
+
+
+def kernel_name(name: str) -> str:
+    """A device event's name, short: te_async's kernels by their function name, XLA's fusions
+    without their numeric suffix, so that a layer's kernels add up across layers."""
+    match = _TE_ASYNC_KERNEL.search(name)
+    return match.group(1) if match else re.sub(r"[._]\d+$", "", name)[:60]
+
+
+def kernel_table(intervals) -> list:
+    """[(kernel, launches, busy_us, idle_before_us)] of one step's timeline_intervals, most time
+    first: idle_before_us is the idle time just before each launch (the gaps of the step, each
+    charged to the kernel that ended it; a scan's trip boundaries land on its body's first kernel)."""
+    rows = {}
+    covered = None
+    for _, start, dur, name in sorted(intervals, key=lambda iv: iv[1]):
+        row = rows.setdefault(kernel_name(name), [0, 0.0, 0.0])
+        row[0] += 1
+        row[1] += dur
+        row[2] += 0.0 if covered is None else max(0.0, start - covered)
+        covered = start + dur if covered is None else max(covered, start + dur)
+    return sorted(((k, n, busy, idle) for k, (n, busy, idle) in rows.items()), key=lambda r: -(r[2] + r[3]))
+
+
+def kernel_markdown(intervals_by_mode, top: int = 25) -> str:
+    """Per mode, the `top` rows of kernel_table, as markdown."""
+    parts = []
+    for mode, intervals in intervals_by_mode.items():
+        rows = kernel_table(intervals)
+        busy = sum(r[2] for r in rows)
+        lines = [f"**{mode}**: {sum(r[1] for r in rows)} launches, {busy:.1f} us of kernels, "
+                 f"{sum(r[3] for r in rows):.1f} us idle between them", "",
+                 "| kernel | launches | GPU us | share | idle before us |", "|---|---|---|---|---|"]
+        lines += [f"| {k} | {n} | {us:.1f} | {us / busy:.0%} | {idle:.1f} |" for k, n, us, idle in rows[:top]]
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts) + "\n"
+
+
 def write_timeline(intervals_by_mode, stem, plots: bool) -> None:
-    """A benchmark's profiled step per mode, as `stem`.json and, with plots, `stem`.png; nothing
-    when no mode was profiled."""
+    """A benchmark's profiled step per mode, as `stem`.json, its GPU time per kernel as
+    `stem`_kernels.md and, with plots, `stem`.png; nothing when no mode was profiled."""
     if not intervals_by_mode:
         return
     pathlib.Path(f"{stem}.json").write_text(json.dumps(intervals_by_mode))
+    pathlib.Path(f"{stem}_kernels.md").write_text(kernel_markdown(intervals_by_mode))
     if plots:
         plot_timeline(intervals_by_mode, f"{stem}.png")
 
