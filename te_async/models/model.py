@@ -65,12 +65,12 @@ def _layer(p, cfg: Config, x, cos, sin, cache, position, window, group_sizes_mod
     return x + swiglu_mlp(p["mlp"], h), cache, None
 
 
-def _unrolled(body, carry, xs, n: int) -> tuple:
-    """lax.scan(body, carry, xs) over n layers written out: layer i runs on static slices of the
+def _unrolled(body, carry, xs) -> tuple:
+    """lax.scan(body, carry, xs) over the layers written out: layer i runs on static slices of the
     stacked params, with i a Python int (so the cache's LayerOf index is static too)."""
-    stacked, _ = xs
+    stacked, layers = xs
     outs = []
-    for i in range(n):
+    for i in range(layers.shape[0]):
         carry, out = body(carry, (jax.tree_util.tree_map(lambda a, i=i: a[i], stacked), i))
         outs.append(out)
     return carry, None if outs[0] is None else jnp.stack(outs)
@@ -104,7 +104,7 @@ def _decoder(params, cfg: Config, tokens, cache, position, group_sizes_mode, exp
                 (x, stack), chosen = body(carry, (layer, 0))
                 chosen = None if chosen is None else chosen[None]
             else:
-                scan = functools.partial(_unrolled, n=n) if unroll else jax.lax.scan
+                scan = _unrolled if unroll else jax.lax.scan
                 (x, stack), chosen = scan(body, carry, (params["layers"][r], jnp.arange(n, dtype=jnp.int32)))
         new_cache.append(stack)
         if chosen is not None:
