@@ -193,6 +193,8 @@ def test_generate_unrolled_matches_the_scan(name):
     assert [models.model.unrolls(b) for b in (1, 2, 4, 8, 16, 32)] == [False, False, True, True, True, False]
     assert models.model.unrolls(8, "device") and not models.model.unrolls(8, "async")
     assert not models.model.unrolls(8, None, "ragged_dot")
+    with pytest.raises(ValueError, match="unroll_layers must be None, True or False"):
+        models.generate(params, config, prompt, 2, unroll_layers="yes")
     cache = models.init_cache(config, 2, TOTAL, jnp.float32)
     state = models.model._GreedyState(cache, jnp.zeros((2, 4), jnp.int32), jnp.int32(1), jnp.int32(PROMPT))
     for unroll, scans in ((False, 1), (True, 0)):

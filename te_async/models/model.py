@@ -268,6 +268,8 @@ def generate(params, config: Config, prompt, max_new_tokens: int, *, group_sizes
     if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}")
     batch, length = prompt.shape
+    if unroll_layers is not None and not isinstance(unroll_layers, bool):
+        raise ValueError(f"unroll_layers must be None, True or False, got {unroll_layers!r}")
     if max_new_tokens == 0:
         return prompt
     max_len = length + max_new_tokens if max_len is None else max_len
@@ -278,7 +280,7 @@ def generate(params, config: Config, prompt, max_new_tokens: int, *, group_sizes
     logits, cache = prefill(params, config, cache, prompt, **modes)
     tokens = jnp.zeros((batch, max_new_tokens), jnp.int32).at[:, :1].set(greedy_tokens(logits))
     state = _GreedyState(cache, tokens, jnp.asarray(1, jnp.int32), jnp.asarray(length, jnp.int32))
-    unroll = unrolls(batch, group_sizes_mode, experts) if unroll_layers is None else bool(unroll_layers)
+    unroll = unrolls(batch, group_sizes_mode, experts) if unroll_layers is None else unroll_layers
     for _ in range(max_new_tokens - 1):
         state = _greedy_step(params, config, state, group_sizes_mode, experts, unroll)
     return jnp.concatenate([prompt, state.tokens], axis=1)
