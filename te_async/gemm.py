@@ -102,9 +102,23 @@ def _differentiable(call: _Call, lhs, rhs, group_sizes, host_group_sizes):
     return grouped_gemm_call(lhs, rhs, group_sizes, call.out_type(), call.shape, call.mode, host_group_sizes)
 
 
+def outside_slice_fusion(out: jax.Array) -> jax.Array:
+    """A forward GEMM's output that the backward also needs, behind an optimization barrier.
+
+    Under lax.scan, JAX stacks such an output into a residual buffer with a dynamic-update-slice,
+    and XLA's GPU dynamic-slice fusion then fuses that update into the custom call while its other
+    users still need the plain result: XLA compiles the GEMM twice, and the second copy reads a
+    materialised slice of the stacked weights. At DeepSeek-V2-Lite's training shapes that was an
+    extra fc1 GEMM (405 us) and a 738 MB weight copy (592 us) in every layer's forward (H200,
+    2026-12-02, docs/benchmarks.md table TS). Behind the barrier the update is a copy of the output
+    alone, and the weights still reach the GEMM as an in-place slice."""
+    return jax.lax.optimization_barrier(out)
+
+
 def _differentiable_fwd(call: _Call, lhs, rhs, group_sizes, host_group_sizes):
     handle = async_handle(group_sizes, call.mode, host_group_sizes)
-    return _differentiable(call, lhs, rhs, group_sizes, handle), (lhs, rhs, group_sizes, handle)
+    out = _differentiable(call, lhs, rhs, group_sizes, handle)
+    return outside_slice_fusion(out), (lhs, rhs, group_sizes, handle)
 
 
 def _differentiable_bwd(call: _Call, residuals, dout):
