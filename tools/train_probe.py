@@ -1,0 +1,112 @@
+"""Where a grouped_mlp training step's time goes, per layer, beyond what bench train reports: for
+each case (split, unrolled or scanned layers, depth) the jitted forward + backward of bench train
+in device mode, timed four ways — bench train's measure (median of 3-call batches), 12 calls
+dispatched back to back, 12 batches of about 40 layers' worth of calls back to back (the
+sustained rate: long enough for the GPU to reach its power cap) and the profiler's GPU busy time
+of single calls — with the profiled call's GPU time per kernel (kernels_<case>.md), its timeline
+(timeline_<case>.json) and train_probe.json (with the run's environment) written to --out.
+Run `nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,clocks_event_reasons.active
+--format=csv -lms 100` beside it to see the clocks.
+
+    python3 -P tools/train_probe.py [--preset deepseek-v2-lite] --out DIR even:unrolled:1 even:unrolled:4 even:scan:2 skewed:unrolled:4
+"""
+import argparse
+import collections
+import json
+import math
+import pathlib
+import tempfile
+import time
+
+import jax
+import jax.numpy as jnp
+
+from te_async.bench import presets, timing, trace, train
+from te_async.bench.prefill import splits
+
+
+def _weights(model, depth: int, scan: bool):
+    key = jax.random.key(0)
+    normal = lambda i, shape, scale: jax.random.normal(jax.random.fold_in(key, i), shape, jnp.bfloat16) * scale
+    w = [(normal(100 + 3 * i, (model.experts, model.hidden, 2 * model.ffn), 1 / math.sqrt(model.hidden)),
+          normal(101 + 3 * i, (model.experts, model.ffn, model.hidden), 1 / math.sqrt(model.ffn)),
+          1 + 0.1 * jax.random.normal(jax.random.fold_in(key, 102 + 3 * i), (model.hidden,), jnp.float32))
+         for i in range(depth)]
+    return tuple(jnp.stack(t) for t in zip(*w)) if scan else w
+
+
+def _profile(f, inputs, out: pathlib.Path, name: str) -> dict:
+    """The median of 5 profiled calls: GPU busy and span, its kernels and the host's busiest events."""
+    with tempfile.TemporaryDirectory() as d:
+        with jax.profiler.trace(d):
+            for i in range(5):
+                with jax.profiler.StepTraceAnnotation("probe", step_num=i):
+                    jax.block_until_ready(f(*inputs[i % 2]))
+        events = trace.load_events(d)
+    calls = trace.steps(events, "probe")
+    stats = [trace.window_stats(c["events"]) for c in calls]
+    i = sorted(range(len(stats)), key=lambda j: stats[j]["window_us"])[len(stats) // 2]
+    lo, hi = calls[i]["host"]
+    host = collections.Counter()
+    for e in trace.host_events(events):
+        if lo <= float(e["ts"]) < hi:
+            host[e.get("name", "")[:70]] += float(e["dur"])
+    intervals = [(d["stream"], d["start"], d["end"] - d["start"], d["name"]) for d in calls[i]["events"]]
+    (out / f"kernels_{name}.md").write_text(trace.kernel_markdown({name: intervals}, top=40))
+    (out / f"timeline_{name}.json").write_text(json.dumps(intervals))
+    return dict(busy_us=stats[i]["busy_us"], span_us=stats[i]["window_us"], host_window_us=hi - lo,
+                n_kernels=stats[i]["n_kernels"], counts=stats[i]["counts"],
+                host_top_us=[(k, round(v, 1)) for k, v in host.most_common(25)])
+
+
+def probe(case: str, preset: str, model, out: pathlib.Path) -> dict:
+    split, kind, depth = case.split(":")
+    depth, scan = int(depth), kind == "scan"
+    sizes = splits(model, presets.prefill_tokens(preset))[split]
+    rows, gs = int(sum(sizes)), jnp.asarray(sizes, jnp.int32)
+    key = jax.random.key(1)
+    x = lambda i: jax.random.normal(jax.random.fold_in(key, i), (rows, model.hidden), jnp.bfloat16)
+    w = _weights(model, depth, scan)
+    inputs = [(x(10 + i), gs, w, x(20 + i)) for i in range(2)]
+    f = train.forward_backward("device", scan)
+    for i in range(3):
+        jax.block_until_ready(f(*inputs[i % 2]))
+    t0 = time.perf_counter()
+    outs = [f(*inputs[i % 2]) for i in range(12)]
+    t1 = time.perf_counter()
+    jax.block_until_ready(outs)
+    res = dict(case=case, host_dispatch_ms=1e3 * (t1 - t0) / 12, back_to_back_12_ms=1e3 * (time.perf_counter() - t0) / 12)
+    del outs
+    res["bench_train_ms"] = 1e3 * timing.time_calls(f, inputs, reps=20, inner=3).median_s
+    sustained = []
+    for _ in range(12):
+        n = max(2, 40 // depth)
+        t0 = time.perf_counter()
+        jax.block_until_ready([f(*inputs[i % 2]) for i in range(n)])
+        sustained.append(round(1e3 * (time.perf_counter() - t0) / n / depth, 3))
+    res["sustained_ms_per_layer"] = sustained
+    res.update(_profile(f, inputs, out, case.replace(":", "_")))
+    flops = train.gemm_flops(rows, model) * depth
+    busy = res["busy_us"] or math.nan  # no GPU events on the CPU
+    res.update(per_layer_bench_train_ms=res["bench_train_ms"] / depth, per_layer_busy_ms=busy / 1e3 / depth,
+               gemm_tflops_bench_train=flops / res["bench_train_ms"] / 1e9, gemm_tflops_busy=flops / busy / 1e6)
+    return res
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("cases", nargs="+", help="split:unrolled|scan:depth, split one of bench prefill's (even, skewed)")
+    ap.add_argument("--out", type=pathlib.Path, default=pathlib.Path("out"))
+    presets.add_argument(ap)
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    preset, model = presets.resolve(args.preset)
+    report = []
+    for case in args.cases:
+        report.append(probe(case, preset, model, args.out))
+        print(json.dumps({k: v for k, v in report[-1].items() if k != "host_top_us"}), flush=True)
+    (args.out / "train_probe.json").write_text(json.dumps(dict(environment=timing.environment(), cases=report), indent=1))
+
+
+if __name__ == "__main__":
+    main()
