@@ -74,7 +74,7 @@ def test_prefill_contenders_agree_with_reference(rng, gemm):
 
 
 @pytest.mark.parametrize("scan", [False, True], ids=["unrolled", "scan"])
-@pytest.mark.parametrize("contender", [train.REFERENCE, "device"])
+@pytest.mark.parametrize("contender", [train.REFERENCE, train.DROP_IN, "device"])
 def test_train_stack_matches_float64(rng, scan, contender):
     """bench train's timed step: x + mlp(x) per layer, forward and every gradient, unrolled or as a
     scan over stacked weights, against the float64 reference's jax.vjp."""

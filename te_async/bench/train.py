@@ -3,7 +3,8 @@
 grouped_mlp (rmsnorm -> fc1 -> swiglu -> fc2), its output and its gradients with respect to the
 input, both weights and the norm scale, for each group_sizes_mode, beside the same layer written
 with torch._grouped_mm under torch's autograd (eager; where torch with CUDA imports: the GPU
-machine has it) and with jax.lax.ragged_dot, XLA's grouped GEMM (what plain JAX offers). Rows are
+machine has it), with jax.lax.ragged_dot, XLA's grouped GEMM (what plain JAX offers), and with
+te_async.ragged_dot swapped in for it (the one-line switch of a JAX MoE stack). Rows are
 those of a prefill: at DeepSeek-V2-Lite's shapes, 4096 tokens x top-6 = 24576 rows over 64
 experts, split as the prefill benchmark splits them: even, and the skewed split from the
 TransformerEngine stall report (docs/diagnosis-grouped-linear-stall.md; 12288 rows, with empty
@@ -26,15 +27,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import GROUP_SIZES_MODES, grouped_mlp
+from .. import GROUP_SIZES_MODES, grouped_mlp, ragged_dot
 from ..mlp import normalize
 from . import presets, timing, torch_reference
 from .decode import ACTIVATION, EPS, NORM, ragged_dot_mlp
 from .prefill import splits
 
 REFERENCE = "xla_ragged_dot"
+DROP_IN = "te_async_ragged_dot"  # the same layer as REFERENCE with te_async.ragged_dot swapped in
 TORCH = "torch_grouped_mm"
-CONTENDERS = (REFERENCE, *GROUP_SIZES_MODES, TORCH)  # the reference first: the others are checked against it
+CONTENDERS = (REFERENCE, *GROUP_SIZES_MODES, DROP_IN, TORCH)  # the reference first: the others are checked against it
 
 
 def add_arguments(p) -> None:
@@ -51,9 +53,11 @@ def add_arguments(p) -> None:
 
 
 def layer(contender: str):
-    """(x, group_sizes, w_fc1, w_fc2, norm_scale) -> y, through grouped_mlp or ragged_dot."""
-    if contender == REFERENCE:
-        return lambda x, gs, w1, w2, scale: ragged_dot_mlp(normalize(x, scale, None, NORM, EPS), gs, w1, w2)
+    """(x, group_sizes, w_fc1, w_fc2, norm_scale) -> y, through grouped_mlp, jax.lax.ragged_dot or
+    te_async.ragged_dot (its default mode)."""
+    if contender in (REFERENCE, DROP_IN):
+        dot = jax.lax.ragged_dot if contender == REFERENCE else ragged_dot
+        return lambda x, gs, w1, w2, scale: ragged_dot_mlp(normalize(x, scale, None, NORM, EPS), gs, w1, w2, dot)
     return lambda x, gs, w1, w2, scale: grouped_mlp(x, gs, w1, w2, norm_scale=scale, norm=NORM, eps=EPS,
                                                     activation=ACTIVATION, group_sizes_mode=contender)
 
