@@ -11,7 +11,6 @@ Run `nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,clocks_event_reasons.
     python3 -P tools/train_probe.py [--preset deepseek-v2-lite] --out DIR even:unrolled:1 even:unrolled:4 even:scan:2 skewed:unrolled:4
 """
 import argparse
-import collections
 import json
 import math
 import pathlib
@@ -36,27 +35,16 @@ def _weights(model, depth: int, scan: bool):
 
 
 def _profile(f, inputs, out: pathlib.Path, name: str) -> dict:
-    """The median of 5 profiled calls: GPU busy and span, its kernels and the host's busiest events."""
+    """bench's profile of the median of 5 calls (timing.profile_steps), with its GPU time per kernel
+    and timeline written beside; empty where the backend has no GPU events."""
     with tempfile.TemporaryDirectory() as d:
-        with jax.profiler.trace(d):
-            for i in range(5):
-                with jax.profiler.StepTraceAnnotation("probe", step_num=i):
-                    jax.block_until_ready(f(*inputs[i % 2]))
-        events = trace.load_events(d)
-    calls = trace.steps(events, "probe")
-    stats = [trace.window_stats(c["events"]) for c in calls]
-    i = sorted(range(len(stats)), key=lambda j: stats[j]["window_us"])[len(stats) // 2]
-    lo, hi = calls[i]["host"]
-    host = collections.Counter()
-    for e in trace.host_events(events):
-        if lo <= float(e["ts"]) < hi:
-            host[e.get("name", "")[:70]] += float(e["dur"])
-    intervals = [(d["stream"], d["start"], d["end"] - d["start"], d["name"]) for d in calls[i]["events"]]
+        fields, window = timing.profile_steps(lambda i: f(*inputs[i % len(inputs)]), d, steps=5, annotation="probe")
+        if window is None:
+            return fields
+        intervals = trace.timeline_intervals(d, window=window)
     (out / f"kernels_{name}.md").write_text(trace.kernel_markdown({name: intervals}, top=40))
     (out / f"timeline_{name}.json").write_text(json.dumps(intervals))
-    return dict(busy_us=stats[i]["busy_us"], span_us=stats[i]["window_us"], host_window_us=hi - lo,
-                n_kernels=stats[i]["n_kernels"], counts=stats[i]["counts"],
-                host_top_us=[(k, round(v, 1)) for k, v in host.most_common(25)])
+    return fields
 
 
 def probe(case: str, preset: str, model, out: pathlib.Path) -> dict:
@@ -87,7 +75,7 @@ def probe(case: str, preset: str, model, out: pathlib.Path) -> dict:
     res["sustained_ms_per_layer"] = sustained
     res.update(_profile(f, inputs, out, case.replace(":", "_")))
     flops = train.gemm_flops(rows, model) * depth
-    busy = res["busy_us"] or math.nan  # no GPU events on the CPU
+    busy = res["busy_us"] or math.nan  # None: no GPU events (the CPU)
     res.update(per_layer_bench_train_ms=res["bench_train_ms"] / depth, per_layer_busy_ms=busy / 1e3 / depth,
                gemm_tflops_bench_train=flops / res["bench_train_ms"] / 1e9, gemm_tflops_busy=flops / busy / 1e6)
     return res
@@ -104,7 +92,7 @@ def main():
     report = []
     for case in args.cases:
         report.append(probe(case, preset, model, args.out))
-        print(json.dumps({k: v for k, v in report[-1].items() if k != "host_top_us"}), flush=True)
+        print(json.dumps(report[-1]), flush=True)
     (args.out / "train_probe.json").write_text(json.dumps(dict(environment=timing.environment(), cases=report), indent=1))
 
 
