@@ -47,6 +47,15 @@ def _profile(f, inputs, out: pathlib.Path, name: str) -> dict:
     return fields
 
 
+def case_arg(case: str) -> str:
+    """split:unrolled|scan:depth, checked (argparse's type)."""
+    parts = case.split(":")
+    if (len(parts) != 3 or parts[0] not in ("even", "skewed") or parts[1] not in ("unrolled", "scan")
+            or not parts[2].isdigit() or int(parts[2]) < 1):
+        raise argparse.ArgumentTypeError(f"a case is split:unrolled|scan:depth (split even or skewed, depth >= 1), got {case!r}")
+    return case
+
+
 def probe(case: str, preset: str, model, out: pathlib.Path) -> dict:
     split, kind, depth = case.split(":")
     depth, scan = int(depth), kind == "scan"
@@ -83,7 +92,7 @@ def probe(case: str, preset: str, model, out: pathlib.Path) -> dict:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("cases", nargs="+", help="split:unrolled|scan:depth, split one of bench prefill's (even, skewed)")
+    ap.add_argument("cases", nargs="+", type=case_arg, help="split:unrolled|scan:depth, split one of bench prefill's (even, skewed)")
     ap.add_argument("--out", type=pathlib.Path, default=pathlib.Path("out"))
     presets.add_argument(ap)
     args = ap.parse_args()
