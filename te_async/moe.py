@@ -10,7 +10,7 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from . import decode_moe, token_ffn
+from . import decode_moe, token_ffn, token_moe
 from .group_sizes import copy_group_sizes
 from .mlp import EPS, grouped_mlp, normalize, resolve_mlp_mode
 from .routing import Dispatch, Routing, combine, plan_dispatch, route, route_reference  # noqa: F401 (re-exported)
@@ -35,18 +35,35 @@ def moe_block(
     use_async_d2h_group_sizes: bool = False,
     early_copy: bool = True,
     fuse: bool = True,
+    residual: bool = False,
 ) -> jax.Array:
     """y = sum_k w_k * expert_k(norm(x)) for x [T, H]; router [H, E]; expert weights as grouped_mlp.
+    residual=True returns x + y (a decoder's residual connection, added inside the kernel where
+    the one-token path below runs).
 
     early_copy=False leaves the async copy to grouped_mlp itself (issued after the permutation),
     which the benchmarks use to show what issuing it early buys. In device mode with one token per
-    step the routed experts run in one kernel (te_async.token_ffn, where it applies), else fused with
-    the permutation (te_async.decode_moe.fuses); fuse=False keeps the unfused path, for comparison.
+    step the whole block runs as te_async.token_moe (the norm, the router, the routing, the experts
+    and the residual in one call of two kernels, where it applies: 16-bit, RMSNorm, swiglu), else the
+    routed experts in one kernel (te_async.token_ffn), else fused with the permutation
+    (te_async.decode_moe.fuses); fuse=False keeps the unfused path, for comparison.
     """
-    routing, dispatch = route(jnp.dot(x, router, preferred_element_type=jnp.float32), top_k, renormalize=True)
     mode = resolve_mlp_mode(group_sizes_mode, use_async_d2h_group_sizes, None, groups=router.shape[1],
                             rows=x.shape[0] * top_k, w_fc1=w_fc1, w_fc2=w_fc2)
-    if fuse and mode == "device" and activation == "swiglu":
+    fused = fuse and mode == "device" and activation == "swiglu"
+    if fused and norm == "rmsnorm":
+        scale = jnp.ones(x.shape[-1:], jnp.float32) if norm_scale is None else norm_scale
+        block_norm = token_moe.Norm(scale, EPS, round_first=False)
+        block_router = token_moe.Router(router, top_k, renormalize=True, reads_normed=False)
+        if token_moe.applies(x, block_norm, block_router, w_fc1, w_fc2):
+            return token_moe.token_moe(x, block_norm, block_router, w_fc1, w_fc2, residual=residual)[0]
+    y = _routed_block(x, router, w_fc1, w_fc2, top_k, norm_scale, norm, activation, mode, early_copy, fused)
+    return x + y if residual else y
+
+
+def _routed_block(x, router, w_fc1, w_fc2, top_k, norm_scale, norm, activation, mode, early_copy, fused):
+    routing, dispatch = route(jnp.dot(x, router, preferred_element_type=jnp.float32), top_k, renormalize=True)
+    if fused:
         xn = normalize(x, norm_scale, None, norm, EPS)
         routed = token_ffn.Routed(routing.experts, routing.weights, w_fc1, w_fc2)
         if token_ffn.applies(xn, routed):

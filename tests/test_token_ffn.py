@@ -160,7 +160,7 @@ def test_kernel_gradients_are_the_reference_s(rng):
     x, routed, shared = make(rng, hidden=128, experts=4, ffn=32, top_k=2, shared_ffn=64)
     loss = lambda f: lambda x, w1, w2, s1: f(x, routed._replace(w_fc1=w1, w_fc2=w2), shared._replace(w_gate_up=s1)).astype(jnp.float32).sum()
     got = jax.grad(loss(tf.token_ffn), argnums=(0, 1, 2, 3))(x, routed.w_fc1, routed.w_fc2, shared.w_gate_up)
-    want = jax.grad(loss(tf._reference), argnums=(0, 1, 2, 3))(x, routed.w_fc1, routed.w_fc2, shared.w_gate_up)
+    want = jax.grad(loss(tf.reference), argnums=(0, 1, 2, 3))(x, routed.w_fc1, routed.w_fc2, shared.w_gate_up)
     for g, w in zip(got, want):
         np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(w, np.float32), rtol=2e-2, atol=2e-2)
 

@@ -33,6 +33,7 @@ NB_MODULE(_te_async_cuda, m) {
     d["te_async_route"] = te_async::EncapsulateFfiHandler(te_async::kRouteCuda);
     d["te_async_decode_attention"] = te_async::EncapsulateFfiHandler(te_async::kDecodeAttentionCuda);
     d["te_async_token_ffn"] = te_async::EncapsulateFfiHandler(te_async::kTokenFfnCuda);
+    d["te_async_token_moe"] = te_async::EncapsulateFfiHandler(te_async::kTokenMoeCuda);
     return d;
   });
   m.def("host_size_stats", [](int device) {

@@ -5,11 +5,7 @@
 // CUDA graph. te_async/routing.py holds the JAX reference it must match.
 //
 // One block of 1024 threads (T*k <= kRouteMaxChoices, E <= kRouteMaxExperts: decode sizes).
-//   1. Warp per token. Lane l holds experts l, l+32, ... (<= 8 per lane). Softmax in f32 (expf);
-//      with n_group > 1, DeepSeek's group-limited top-k keeps the topk_group groups whose best
-//      expert scores highest and zeroes the others; then k rounds of a warp argmax pick the
-//      experts, larger probability first and the lower index on ties (jax.lax.top_k's order).
-//      The k weights are renormalised to sum to one when asked, then multiplied by `scaling`.
+//   1. Warp per token: its top-k experts and weights (route_top_k.cuh).
 //   2. Group sizes: integer atomics in shared memory (counts, so their order does not matter),
 //      then an exclusive scan by one warp.
 //   3. Order: warp w takes experts w, w+32, ...; for each it walks the choices in flat order
@@ -18,8 +14,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <climits>
-#include <cmath>
 #include <initializer_list>
 #include <string>
 #include <utility>
@@ -27,6 +21,7 @@
 #include "cuda/cuda_check.h"
 #include "cuda/handlers.h"
 #include "cuda/moe_routing.h"
+#include "cuda/route_top_k.cuh"
 #include "debug_flags.h"
 
 namespace te_async {
@@ -36,14 +31,13 @@ namespace ffi = xla::ffi;
 
 constexpr int kRouteThreads = 1024;
 constexpr int kRouteWarps = kRouteThreads / 32;
-constexpr int kPerLane = 8;
+constexpr int kPerLane = kTopKPerLane;
 static_assert(kRouteMaxExperts == 32 * kPerLane, "a warp holds a token's scores, kPerLane per lane");
 
 struct RouteArgs {
   const float* logits;
-  int tokens, experts, top_k, n_group, topk_group;
-  bool renormalize;
-  float scaling;
+  int tokens;
+  TopKOptions top;
   float* weights;         // [T, k]
   int* chosen;            // [T, k]
   int* group_sizes;       // [E]
@@ -51,104 +45,17 @@ struct RouteArgs {
   int* row_of_choice;     // [T*k]: the inverse
 };
 
-// Warp argmax over (value, index): the larger value, the lower index on ties. Every lane gets it.
-__device__ __forceinline__ void WarpArgMax(float& v, int& i) {
-#pragma unroll
-  for (int d = 16; d > 0; d >>= 1) {
-    const float ov = __shfl_xor_sync(0xffffffffu, v, d);
-    const int oi = __shfl_xor_sync(0xffffffffu, i, d);
-    if (ov > v || (ov == v && oi < i)) v = ov, i = oi;
-  }
-}
-
-__device__ __forceinline__ float WarpMax(float v) {
-#pragma unroll
-  for (int d = 16; d > 0; d >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, d));
-  return v;
-}
-
-__device__ __forceinline__ float WarpSum(float v) {
-#pragma unroll
-  for (int d = 16; d > 0; d >>= 1) v += __shfl_xor_sync(0xffffffffu, v, d);
-  return v;
-}
-
 // Step 1 for token t, by one warp: writes its k weights and experts and counts them in `count`.
 __device__ void RouteToken(const RouteArgs& a, int t, int lane, int* chosen_sh, int* count) {
-  const float* row = a.logits + static_cast<long long>(t) * a.experts;
-  float p[kPerLane];
-#pragma unroll
-  for (int i = 0; i < kPerLane; ++i) {
-    const int e = lane + 32 * i;
-    p[i] = e < a.experts ? row[e] : -INFINITY;
-  }
-  float m = -INFINITY;
-#pragma unroll
-  for (int i = 0; i < kPerLane; ++i) m = fmaxf(m, p[i]);
-  m = WarpMax(m);
-  float s = 0.f;
-#pragma unroll
-  for (int i = 0; i < kPerLane; ++i) {
-    p[i] = lane + 32 * i < a.experts ? expf(p[i] - m) : 0.f;
-    s += p[i];
-  }
-  s = WarpSum(s);
-#pragma unroll
-  for (int i = 0; i < kPerLane; ++i) p[i] /= s;
-
-  if (a.n_group > 1) {  // keep the topk_group groups with the best single expert
-    const int per_group = a.experts / a.n_group;
-    float best = -INFINITY;  // lane g < n_group: the best probability of group g
-    for (int g = 0; g < a.n_group; ++g) {
-      float v = -INFINITY;
-#pragma unroll
-      for (int i = 0; i < kPerLane; ++i) {
-        const int e = lane + 32 * i;
-        if (e < a.experts && e / per_group == g) v = fmaxf(v, p[i]);
-      }
-      v = WarpMax(v);
-      if (lane == g) best = v;
-    }
-    unsigned kept = 0;
-    for (int j = 0; j < a.topk_group; ++j) {
-      float v = best;
-      int g = lane < a.n_group ? lane : INT_MAX;
-      WarpArgMax(v, g);
-      kept |= 1u << g;
-      if (lane == g) best = -INFINITY;
-    }
-#pragma unroll
-    for (int i = 0; i < kPerLane; ++i) {
-      const int e = lane + 32 * i;
-      if (e < a.experts && !((kept >> (e / per_group)) & 1u)) p[i] = 0.f;
-    }
-  }
-
-  unsigned taken = 0;  // bit i: this lane's expert lane + 32 i is chosen
-  float w_mine = 0.f;  // lane j < k: the j-th weight and expert
-  int e_mine = 0;
-  float total = 0.f;
-  for (int j = 0; j < a.top_k; ++j) {
-    float v = -INFINITY;
-    int e = INT_MAX;
-#pragma unroll
-    for (int i = 0; i < kPerLane; ++i) {
-      const int ei = lane + 32 * i;
-      if (ei < a.experts && !((taken >> i) & 1u) && (p[i] > v || e == INT_MAX)) v = p[i], e = ei;
-    }
-    WarpArgMax(v, e);
-    if (e % 32 == lane) taken |= 1u << (e / 32);
-    if (lane == j) w_mine = v, e_mine = e;
-    total += v;
-  }
-  if (lane < a.top_k) {
-    float w = a.renormalize ? w_mine / total : w_mine;
-    w *= a.scaling;
-    const int at = t * a.top_k + lane;
+  float w;
+  int e;
+  WarpTopK(a.logits + static_cast<long long>(t) * a.top.experts, a.top, lane, w, e);
+  if (lane < a.top.top_k) {
+    const int at = t * a.top.top_k + lane;
     a.weights[at] = w;
-    a.chosen[at] = e_mine;
-    chosen_sh[at] = e_mine;
-    atomicAdd(&count[e_mine], 1);
+    a.chosen[at] = e;
+    chosen_sh[at] = e;
+    atomicAdd(&count[e], 1);
   }
 }
 
@@ -157,8 +64,8 @@ __global__ void __launch_bounds__(kRouteThreads) RouteKernel(RouteArgs a) {
   __shared__ int count[kRouteMaxExperts];
   __shared__ int offset[kRouteMaxExperts];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int choices = a.tokens * a.top_k;
-  for (int e = tid; e < a.experts; e += kRouteThreads) count[e] = 0;
+  const int choices = a.tokens * a.top.top_k;
+  for (int e = tid; e < a.top.experts; e += kRouteThreads) count[e] = 0;
   __syncthreads();
   for (int t = warp; t < a.tokens; t += kRouteWarps) RouteToken(a, t, lane, chosen, count);
   __syncthreads();
@@ -168,7 +75,7 @@ __global__ void __launch_bounds__(kRouteThreads) RouteKernel(RouteArgs a) {
 #pragma unroll
     for (int i = 0; i < kPerLane; ++i) {
       const int e = lane * kPerLane + i;
-      c[i] = e < a.experts ? count[e] : 0;
+      c[i] = e < a.top.experts ? count[e] : 0;
       run += c[i];
     }
     int incl = run;
@@ -181,7 +88,7 @@ __global__ void __launch_bounds__(kRouteThreads) RouteKernel(RouteArgs a) {
 #pragma unroll
     for (int i = 0; i < kPerLane; ++i) {
       const int e = lane * kPerLane + i;
-      if (e < a.experts) {
+      if (e < a.top.experts) {
         offset[e] = at;
         a.group_sizes[e] = c[i];
       }
@@ -190,7 +97,7 @@ __global__ void __launch_bounds__(kRouteThreads) RouteKernel(RouteArgs a) {
   }
   __syncthreads();
 
-  for (int e = warp; e < a.experts; e += kRouteWarps) {
+  for (int e = warp; e < a.top.experts; e += kRouteWarps) {
     int row = offset[e];
     for (int base = 0; base < choices; base += 32) {
       const int i = base + lane;
@@ -231,8 +138,9 @@ ffi::Error RouteDecode(cudaStream_t stream, ffi::Buffer<ffi::F32> logits, ffi::R
       !want(choice_of_row, {n}) || !want(row_of_choice, {n})) {
     return bad("outputs must be weights/experts [T, k], group_sizes [E], choice_of_row/row_of_choice [T*k]");
   }
-  RouteArgs a{logits.typed_data(), static_cast<int>(t), static_cast<int>(e), static_cast<int>(top_k),
-              static_cast<int>(n_group), static_cast<int>(topk_group), renormalize, scaling,
+  RouteArgs a{logits.typed_data(), static_cast<int>(t),
+              TopKOptions{static_cast<int>(e), static_cast<int>(top_k), static_cast<int>(n_group),
+                          static_cast<int>(topk_group), renormalize, scaling},
               weights->typed_data(), experts->typed_data(), group_sizes->typed_data(),
               choice_of_row->typed_data(), row_of_choice->typed_data()};
   if (PoisonOutputs()) {  // every output element is written: poison shows one that is not

@@ -1,39 +1,62 @@
 // One token's SwiGLU feed-forward in one kernel: the routed experts it chose and the shared experts
-// (or a dense MLP), fc1, the activation and fc2 together (te_async/token_ffn.py). At one token per
-// step a feed-forward's time is the read of its weights, and every launch between its GEMMs costs
-// fixed latency; here each output unit u of an expert (gate column u, linear column u and row u of
-// fc2) depends on nothing but x, so a block can run fc1, the activation and fc2 of a block of
-// units without waiting for any other block. There is no grid barrier, no workspace, no atomics.
+// (or a dense MLP), fc1, the activation, fc2 and the sum over experts together
+// (te_async/token_ffn.py). At one token per step a feed-forward's time is the read of its weights,
+// and every launch between its GEMMs costs fixed latency; here each output unit u of an expert
+// (gate column u, linear column u and row u of fc2) depends on nothing but x, so a block can run
+// fc1, the activation and fc2 of a block of units without waiting for any other block.
 //
-// Work items: the units of each source (routed choice c of the top-k, then the shared experts)
-// cut into blocks of `units` (a multiple of 8, planned in Python: token_ffn.plan_units) -> one
-// thread block per item, one wave of kBlocksPerSm blocks per SM where the units allow it. Item i
-// of choice c reads expert experts[c] on the GPU, so the kernel sits in a CUDA graph.
-// Per item (256 threads):
-//   1. x [H] to shared memory as f32.
+// Two FFI calls:
+// - te_async_token_ffn: TokenFfnKernel alone, on an x that is already normalised, with the
+//   experts and weights of an earlier routing.
+// - te_async_token_moe: a decoder's whole MoE sub-layer for one token, x + moe(rmsnorm(x)):
+//   RouteTokenKernel (one block: the norm, the router GEMM, the top-k of route_top_k.cuh), then
+//   TokenFfnKernel, which normalises x itself (the same code, so the same values) and adds the
+//   residual. On compute capability 9.0 and up the second is a programmatic dependent launch:
+//   the first triggers it at once, so its blocks load x and the shared experts' blocks run while
+//   the routing runs; a routed block waits (cudaGridDependencySynchronize) before it reads its
+//   expert. Both kernels are in one call, so XLA captures them into one graph node, where the
+//   programmatic edge holds.
+//
+// TokenFfnKernel. Work items: the units of each source (routed choice c of the top-k, then the
+// shared experts) cut into blocks of `units` (a multiple of 8, planned in Python:
+// token_ffn.plan_units) -> one thread block per item. Item i of choice c reads expert experts[c]
+// on the GPU, so the kernel sits in a CUDA graph. Per item (256 threads):
+//   1. x [H] to shared memory as f32 (normalised there in the MoE call).
 //   2. fc1: the item's gate and linear columns (2 * units / 8 16-byte vectors per row of
 //      w_fc1 [H, 2F]) times x, summed over H: thread (g, v) owns vector v and rows g, g + G, ...
-//      (G row groups), 8 independent ld.global.nc loads in flight per thread (64 KB per SM with
-//      two blocks),
-//      f32 FMAs; the G partial sums of each column are added in group order (deterministic).
+//      (G row groups), 8 independent ld.global.nc loads in flight per thread, f32 FMAs; the G
+//      partial sums of each column are added in group order (deterministic).
 //   3. a[u] = silu(h_gate[u]) * h_lin[u], with h and a rounded to x's dtype as the unfused
 //      path rounds them (grouped_mlp: fc1 writes x's dtype; te_async.mlp.activate).
-//   4. fc2: rows u0 .. u0 + units of w_fc2 [F, H] (contiguous) times a, the same way, and the
-//      item's f32 partial output, times the routing weight (or the shared scale), goes to
-//      out[i, :]. The caller sums out over items (an XLA reduction).
-// An expert id outside [0, E) cannot be raised inside a graph: that item's row of out is NaN, so
-// the token's output is NaN.
+//   4. fc2: rows u0 .. u0 + units of w_fc2 [F, H] (contiguous) times a, the same way; the item's
+//      f32 partial output, times the routing weight (or the shared scale), goes to its row of a
+//      workspace.
+//   5. The sum over items, deterministic and without a second kernel or a grid barrier: items
+//      come in groups of `group_items`; each item counts itself in its group's arrival counter
+//      (zeroed before the launch), and the last to arrive adds the group's rows in item order
+//      into a group row; the last group to finish adds the group rows in group order, rounds the
+//      sum to x's dtype, adds the residual if asked (rounding again, as x + y in x's dtype does)
+//      and writes out [H]. Nobody waits for anybody: no block spins, whatever the residency.
+// An expert id outside [0, E) cannot be raised inside a graph: that item's partial is NaN, so the
+// token's output is NaN.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
+#include <initializer_list>
 #include <string>
+#include <utility>
 
 #include "cuda/cuda_check.h"
 #include "cuda/float_convert.cuh"
+#include "cuda/device_gemm.h"
 #include "cuda/handlers.h"
+#include "cuda/moe_routing.h"
+#include "cuda/route_top_k.cuh"
 #include "cuda/vector_loads.cuh"
 #include "debug_flags.h"
 #include "grouped_gemm_args.h"
@@ -45,26 +68,56 @@ namespace ffi = xla::ffi;
 
 constexpr int kThreads = 256;
 constexpr int kBlocksPerSm = 2;  // measured as fast as one 512-thread block and faster than four (benchmarks.md, TF)
+constexpr int kRouteThreads = 1024;  // RouteTokenKernel: the router's weights read by one block
 constexpr int kVec = 8;           // 16-bit elements per 16-byte vector
 constexpr int kUnroll = 8;        // loads in flight per thread
-constexpr int kMaxHidden = 4096;  // x in shared memory as f32, with the sums' scratch under 48 KB
+constexpr int kNormLanes = 256;   // strided partial sums of x^2, in one order for both kernels
+constexpr int kMaxHidden = 4096;  // x in shared memory as f32, with the sums' scratch
 constexpr int kMaxUnits = 256;
+
+struct TokenNorm {
+  const void* scale = nullptr;  // [H], x's dtype or f32; nullptr: x is used as it is
+  bool scale_f32 = false;
+  bool round_first = false;
+  float eps = 0.f;
+};
 
 struct TokenFfnArgs {
   const void* x;             // [H]
+  TokenNorm norm;
   const void* w1;            // routed [E, H, 2F]
   const void* w2;            // routed [E, F, H]
   const int32_t* experts;    // [k]
   const float* weights;      // [k]
   const void* shared_w1;     // [H, 2Fs]
   const void* shared_w2;     // [Fs, H]
-  const float* shared_scale; // [1]
-  float* out;                // [items, H]
-  int hidden, num_experts, top_k, ffn, shared_ffn, units, blocks_per_choice;
+  const float* shared_scale; // [1], or nullptr: 1
+  float* partials;           // [items + groups, H]: each item's partial output, then each group's sum
+  int* arrivals;             // [groups + 1], zero at launch: items done per group, then groups done
+  void* out;                 // [H], x's dtype
+  bool residual;             // out = x + the sum, else the sum
+  int hidden, num_experts, top_k, ffn, shared_ffn, units, blocks_per_choice, group_items, groups;
 };
 
-constexpr size_t SharedBytes(int hidden, int units) {
-  return sizeof(float) * (hidden + 3 * units + kThreads * kVec);
+struct RouteTokenArgs {
+  const void* x;             // [H]
+  TokenNorm norm;
+  bool router_reads_normed;  // the router reads norm(x), else x
+  const void* router;        // [H, E], x's dtype
+  TopKOptions top;
+  int hidden;
+  float* weights;            // [k]
+  int32_t* experts;          // [k]
+  int* arrivals;             // TokenFfnKernel's counters, zeroed here
+  int arrival_count;
+};
+
+constexpr size_t FfnSharedBytes(int hidden, int units) {
+  return sizeof(float) * (hidden + 3 * units + kNormLanes + 1 + kThreads * kVec);
+}
+
+constexpr size_t RouteSharedBytes(int hidden, int experts) {
+  return sizeof(float) * (hidden + experts + kNormLanes + 1 + kRouteThreads * kVec);
 }
 
 template <typename T>
@@ -72,17 +125,57 @@ __device__ __forceinline__ float Rounded(float v) {
   return ToFloat<T>(FromFloat<T>(v));
 }
 
+__device__ __forceinline__ void WaitForRouting() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cudaGridDependencySynchronize();  // returns at once where the launch has no programmatic dependency
+#endif
+}
+
+// x [H] -> xs [H] as f32, RMS-normalised when n.scale is set: y = x * rsqrt(mean(x^2) + eps), then
+// (round_first: transformers' RMSNorm) round(round(y) * round(scale)) or (te_async.mlp.normalize)
+// round(y * scale). The sum of squares is taken in one fixed order whatever the block size
+// (kNormLanes strided partials, then one warp), so both kernels of the MoE call get the same x.
+template <typename T, int kBlock>
+__device__ void LoadToken(const T* x, int hidden, const TokenNorm& n, float* xs, float* lanes) {
+  static_assert(kBlock >= kNormLanes, "one thread per norm lane");
+  const int tid = threadIdx.x;
+  for (int i = tid; i < hidden; i += kBlock) xs[i] = ToFloat<T>(x[i]);
+  __syncthreads();
+  if (n.scale == nullptr) return;
+  if (tid < kNormLanes) {
+    float s = 0.f;
+    for (int i = tid; i < hidden; i += kNormLanes) s = fmaf(xs[i], xs[i], s);
+    lanes[tid] = s;
+  }
+  __syncthreads();
+  if (tid < 32) {
+    float s = 0.f;
+    for (int j = 0; j < kNormLanes / 32; ++j) s += lanes[tid * (kNormLanes / 32) + j];
+    s = WarpSum(s);
+    if (tid == 0) lanes[kNormLanes] = rsqrtf(s / static_cast<float>(hidden) + n.eps);
+  }
+  __syncthreads();
+  const float r = lanes[kNormLanes];
+  for (int i = tid; i < hidden; i += kBlock) {
+    float scale = n.scale_f32 ? static_cast<const float*>(n.scale)[i] : ToFloat<T>(static_cast<const T*>(n.scale)[i]);
+    float y = xs[i] * r;
+    if (n.round_first) y = Rounded<T>(y), scale = Rounded<T>(scale);
+    xs[i] = Rounded<T>(y * scale);
+  }
+  __syncthreads();
+}
+
 // For each 16-byte column vector c < nvec (element offset column(c) in a row): the sum over
 // r < rows of coef[r] * w[r * ld + column(c) + j], j < 8, in f32, handed to store(c * 8 + j, sum).
 // Threads own one vector and every G-th row; the G partial sums are added in group order.
-template <typename T, typename Column, typename Store>
+template <typename T, int kBlock, typename Column, typename Store>
 __device__ __forceinline__ void WeightedRowSum(const T* __restrict__ w, long long ld, int rows,
                                                const float* coef, int nvec, Column column, float* scratch,
                                                Store store) {
   const int tid = threadIdx.x;
-  for (int base = 0; base < nvec; base += kThreads) {
-    const int width = min(kThreads, nvec - base);
-    const int groups = kThreads / width;
+  for (int base = 0; base < nvec; base += kBlock) {
+    const int width = min(kBlock, nvec - base);
+    const int groups = kBlock / width;
     const int v = tid % width, g = tid / width;
     if (g < groups) {
       float acc[kVec] = {};
@@ -110,7 +203,7 @@ __device__ __forceinline__ void WeightedRowSum(const T* __restrict__ w, long lon
       for (int j = 0; j < kVec; ++j) scratch[(g * width + v) * kVec + j] = acc[j];
     }
     __syncthreads();
-    for (int c = tid; c < width * kVec; c += kThreads) {
+    for (int c = tid; c < width * kVec; c += kBlock) {
       float s = 0.f;
       for (int gg = 0; gg < groups; ++gg) s += scratch[gg * width * kVec + c];
       store(base * kVec + c, s);
@@ -120,12 +213,85 @@ __device__ __forceinline__ void WeightedRowSum(const T* __restrict__ w, long lon
 }
 
 template <typename T>
+__global__ void __launch_bounds__(kRouteThreads) RouteTokenKernel(RouteTokenArgs a) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cudaTriggerProgrammaticLaunchCompletion();  // TokenFfnKernel may start: it waits where it needs the routing
+#endif
+  extern __shared__ float smem[];
+  float* xs = smem;                          // [H]
+  float* logits = xs + a.hidden;             // [E]
+  float* lanes = logits + a.top.experts;     // [kNormLanes + 1]
+  float* scratch = lanes + kNormLanes + 1;   // [kRouteThreads * kVec]
+  const int tid = threadIdx.x;
+  for (int i = tid; i < a.arrival_count; i += kRouteThreads) a.arrivals[i] = 0;
+  LoadToken<T, kRouteThreads>(static_cast<const T*>(a.x), a.hidden, a.router_reads_normed ? a.norm : TokenNorm{},
+                              xs, lanes);
+  WeightedRowSum<T, kRouteThreads>(
+      static_cast<const T*>(a.router), a.top.experts, a.hidden, xs, a.top.experts / kVec,
+      [](int c) { return static_cast<long long>(c) * kVec; }, scratch, [=](int e, float s) { logits[e] = s; });
+  if (tid < 32) {
+    float w;
+    int e;
+    WarpTopK(logits, a.top, tid, w, e);
+    if (tid < a.top.top_k) a.weights[tid] = w, a.experts[tid] = e;
+  }
+}
+
+// Step 5: the caller's partial is in its row of a.partials; the last item of the group, then the
+// last group, add them up. flag: one int of shared memory.
+template <typename T>
+__device__ void SumItems(const TokenFfnArgs& a, int item, int items, int* flag) {
+  const int tid = threadIdx.x, hidden = a.hidden;
+  const int group = item / a.group_items, first = group * a.group_items;
+  const int count = min(a.group_items, items - first);
+  auto arrive = [&](int* counter, int last) {
+    __threadfence();  // this block's rows are visible before its arrival is
+    __syncthreads();
+    if (tid == 0) *flag = atomicAdd(counter, 1) == last;
+    __syncthreads();
+    if (*flag) __threadfence();
+    return *flag != 0;
+  };
+  auto row = [&](int r, int c) { return __ldcg(reinterpret_cast<const float4*>(a.partials + static_cast<long long>(r) * hidden + c)); };
+  auto finish = [&](int c, float4 s) {
+    const float v[4] = {s.x, s.y, s.z, s.w};
+    T* out = static_cast<T*>(a.out);
+    const T* x = static_cast<const T*>(a.x);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      float y = Rounded<T>(v[j]);
+      if (a.residual) y += ToFloat<T>(x[c + j]);
+      out[c + j] = FromFloat<T>(y);
+    }
+  };
+  auto add = [](float4& s, float4 r) { s.x += r.x, s.y += r.y, s.z += r.z, s.w += r.w; };
+  if (!arrive(a.arrivals + group, count - 1)) return;
+  for (int c = 4 * tid; c < hidden; c += 4 * kThreads) {
+    float4 s = row(first, c);
+    for (int r = first + 1; r < first + count; ++r) add(s, row(r, c));
+    if (a.groups == 1) {
+      finish(c, s);
+    } else {
+      __stcg(reinterpret_cast<float4*>(a.partials + static_cast<long long>(items + group) * hidden + c), s);
+    }
+  }
+  if (a.groups == 1 || !arrive(a.arrivals + a.groups, a.groups - 1)) return;
+  for (int c = 4 * tid; c < hidden; c += 4 * kThreads) {
+    float4 s = row(items, c);
+    for (int g = 1; g < a.groups; ++g) add(s, row(items + g, c));
+    finish(c, s);
+  }
+}
+
+template <typename T>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm) TokenFfnKernel(TokenFfnArgs a) {
   extern __shared__ float smem[];
   float* xs = smem;                    // [H]
   float* h = xs + a.hidden;            // [2 * units]: gate sums, then linear sums
   float* act = h + 2 * a.units;        // [units]
-  float* scratch = act + a.units;      // [kThreads * kVec]
+  float* lanes = act + a.units;        // [kNormLanes + 1]
+  float* scratch = lanes + kNormLanes + 1;  // [kThreads * kVec]
+  __shared__ int flag;
   const int item = blockIdx.x, tid = threadIdx.x;
   const int routed_items = a.top_k * a.blocks_per_choice;
   const bool routed = item < routed_items;
@@ -133,105 +299,235 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) TokenFfnKernel(TokenFf
   const int ffn = routed ? a.ffn : a.shared_ffn;
   const int u0 = (routed ? item % a.blocks_per_choice : item - routed_items) * a.units;
   const int units = min(a.units, ffn - u0);
+  float* part = a.partials + static_cast<long long>(item) * a.hidden;
+  LoadToken<T, kThreads>(static_cast<const T*>(a.x), a.hidden, a.norm, xs, lanes);
+  if (routed) WaitForRouting();  // its expert and weight
   const int expert = routed ? a.experts[choice] : 0;
-  const float scale = routed ? a.weights[choice] : *a.shared_scale;
-  float* out = a.out + static_cast<long long>(item) * a.hidden;
+  const float scale = routed ? a.weights[choice] : a.shared_scale == nullptr ? 1.f : *a.shared_scale;
   if (routed && (expert < 0 || expert >= a.num_experts)) {
-    for (int i = tid; i < a.hidden; i += kThreads) out[i] = NAN;
-    return;
+    for (int i = tid; i < a.hidden; i += kThreads) part[i] = NAN;
+  } else {
+    const long long h2f = 2LL * a.hidden * ffn;
+    const T* w1 = routed ? static_cast<const T*>(a.w1) + expert * h2f : static_cast<const T*>(a.shared_w1);
+    const T* w2 = routed ? static_cast<const T*>(a.w2) + expert * (h2f / 2) : static_cast<const T*>(a.shared_w2);
+    const int half = units / kVec;  // vectors of gate (and of linear) columns per row
+    WeightedRowSum<T, kThreads>(
+        w1, 2LL * ffn, a.hidden, xs, 2 * half,
+        [=](int c) { return static_cast<long long>(u0) + (c < half ? c * kVec : ffn + (c - half) * kVec); }, scratch,
+        [=](int col, float s) { h[col] = s; });
+    for (int u = tid; u < units; u += kThreads) {
+      const float gate = Rounded<T>(h[u]), lin = Rounded<T>(h[units + u]);
+      act[u] = Rounded<T>(gate / (1.f + expf(-gate)) * lin);
+    }
+    __syncthreads();
+    WeightedRowSum<T, kThreads>(
+        w2 + static_cast<long long>(u0) * a.hidden, a.hidden, units, act, a.hidden / kVec,
+        [](int c) { return static_cast<long long>(c) * kVec; }, scratch,
+        [=](int col, float s) { part[col] = scale * s; });
   }
-  const T* x = static_cast<const T*>(a.x);
-  for (int i = tid; i < a.hidden; i += kThreads) xs[i] = ToFloat<T>(x[i]);
-  __syncthreads();
-
-  const long long h2f = 2LL * a.hidden * ffn;
-  const T* w1 = routed ? static_cast<const T*>(a.w1) + expert * h2f : static_cast<const T*>(a.shared_w1);
-  const T* w2 = routed ? static_cast<const T*>(a.w2) + expert * (h2f / 2) : static_cast<const T*>(a.shared_w2);
-  const int half = units / kVec;  // vectors of gate (and of linear) columns per row
-  WeightedRowSum<T>(
-      w1, 2LL * ffn, a.hidden, xs, 2 * half,
-      [=](int c) { return static_cast<long long>(u0) + (c < half ? c * kVec : ffn + (c - half) * kVec); }, scratch,
-      [=](int col, float s) { h[col] = s; });
-  for (int u = tid; u < units; u += kThreads) {
-    const float gate = Rounded<T>(h[u]), lin = Rounded<T>(h[units + u]);
-    act[u] = Rounded<T>(gate / (1.f + expf(-gate)) * lin);
-  }
-  __syncthreads();
-  WeightedRowSum<T>(
-      w2 + static_cast<long long>(u0) * a.hidden, a.hidden, units, act, a.hidden / kVec,
-      [](int c) { return static_cast<long long>(c) * kVec; }, scratch,
-      [=](int col, float s) { out[col] = scale * s; });
+  if (!routed) WaitForRouting();  // the zeroed arrival counters
+  SumItems<T>(a, item, gridDim.x, &flag);
 }
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+bool HasDims(const ffi::AnyBuffer& b, std::initializer_list<int64_t> dims) {
+  const auto d = b.dimensions();
+  return d.size() == dims.size() && std::equal(dims.begin(), dims.end(), d.begin());
+}
+
+// The feed-forward's operands, checked, as TokenFfnKernel's arguments (norm and residual left to
+// the caller); `bad` words the error. k: the routed choices (0: none).
+ffi::ErrorOr<TokenFfnArgs> FfnArgs(ffi::AnyBuffer x, ffi::AnyBuffer w1, ffi::AnyBuffer w2, int64_t k,
+                                   ffi::AnyBuffer shared_w1, ffi::AnyBuffer shared_w2, ffi::AnyBuffer partials,
+                                   ffi::AnyBuffer arrivals, ffi::AnyBuffer out, int64_t units, int64_t group_items,
+                                   const std::function<ffi::Error(const std::string&)>& bad) {
+  auto fail = [&](const std::string& why) { return ffi::Unexpected(bad(why)); };
+  const auto xd = x.dimensions(), d1 = w1.dimensions(), d2 = w2.dimensions();
+  const auto s1 = shared_w1.dimensions(), s2 = shared_w2.dimensions();
+  const auto type = x.element_type();
+  if (type != ffi::DataType::BF16 && type != ffi::DataType::F16) return fail("x must be bfloat16 or float16");
+  if (xd.size() != 2 || xd[0] != 1) return fail("x must be [1, H]: one token");
+  const int64_t hidden = xd[1];
+  if (hidden % kVec != 0 || hidden < kVec || hidden > kMaxHidden) {
+    return fail("H must be a multiple of 8 in [8, " + std::to_string(kMaxHidden) + "]");
+  }
+  if (d1.size() != 3 || d2.size() != 3 || d1[1] != hidden || d1[2] != 2 * d2[1] || d2[0] != d1[0] || d2[2] != hidden) {
+    return fail("need w_fc1 [E, H, 2F] and w_fc2 [E, F, H]");
+  }
+  if (s1.size() != 2 || s2.size() != 2 || s1[0] != hidden || s1[1] != 2 * s2[0] || s2[1] != hidden) {
+    return fail("need shared w_gate_up [H, 2Fs] and w_down [Fs, H] (Fs = 0: no shared experts)");
+  }
+  const int64_t num_experts = d1[0], ffn = d2[1], shared_ffn = s2[0];
+  if (k > 0 && (num_experts < 1 || ffn < 1)) return fail("routed choices need at least one expert of F >= 1");
+  if (ffn % kVec != 0 || shared_ffn % kVec != 0) return fail("F and Fs must be multiples of 8");
+  for (const ffi::AnyBuffer* w : {&w1, &w2, &shared_w1, &shared_w2}) {
+    if (w->element_type() != type) return fail("x and every weight must share a dtype");
+  }
+  if (units % kVec != 0 || units < kVec || units > kMaxUnits) {
+    return fail("units must be a multiple of 8 in [8, " + std::to_string(kMaxUnits) + "], got " + std::to_string(units));
+  }
+  const int64_t per_choice = k > 0 ? CeilDiv(ffn, units) : 0;
+  const int64_t items = k * per_choice + CeilDiv(shared_ffn, units);
+  if (items < 1) return fail("nothing to compute: no routed choices and no shared experts");
+  if (group_items < 1 || group_items > items) {
+    return fail("group_items must be in [1, " + std::to_string(items) + "], got " + std::to_string(group_items));
+  }
+  const int64_t groups = CeilDiv(items, group_items);
+  if (partials.element_type() != ffi::DataType::F32 || !HasDims(partials, {items + groups, hidden}) ||
+      arrivals.element_type() != ffi::DataType::S32 || !HasDims(arrivals, {groups + 1})) {
+    return fail("the workspace must be float32 [items + groups, H] and int32 [groups + 1] with items = k * ceil(F / "
+                "units) + ceil(Fs / units) = " + std::to_string(items) + ", groups = ceil(items / group_items) = " +
+                std::to_string(groups));
+  }
+  if (out.element_type() != type || !HasDims(out, {1, hidden})) return fail("out must be [1, H] in x's dtype");
+  for (const void* p : {x.untyped_data(), w1.untyped_data(), w2.untyped_data(), shared_w1.untyped_data(),
+                        shared_w2.untyped_data()}) {
+    if (!Aligned16(p)) return fail("operands must be 16-byte aligned");
+  }
+  TokenFfnArgs a{};
+  a.x = x.untyped_data();
+  a.w1 = w1.untyped_data();
+  a.w2 = w2.untyped_data();
+  a.shared_w1 = shared_w1.untyped_data();
+  a.shared_w2 = shared_w2.untyped_data();
+  a.partials = static_cast<float*>(partials.untyped_data());
+  a.arrivals = static_cast<int*>(arrivals.untyped_data());
+  a.out = out.untyped_data();
+  a.hidden = static_cast<int>(hidden);
+  a.num_experts = static_cast<int>(num_experts);
+  a.top_k = static_cast<int>(k);
+  a.ffn = static_cast<int>(ffn);
+  a.shared_ffn = static_cast<int>(shared_ffn);
+  a.units = static_cast<int>(units);
+  a.blocks_per_choice = static_cast<int>(per_choice);
+  a.group_items = static_cast<int>(group_items);
+  a.groups = static_cast<int>(groups);
+  return a;
+}
+
+// Every output element is written: poison (NaN, -1) shows one that is not.
+ffi::Error Poison(cudaStream_t stream, std::initializer_list<std::pair<void*, size_t>> buffers) {
+  if (!PoisonOutputs()) return ffi::Error::Success();
+  for (auto [p, bytes] : buffers) TE_ASYNC_CUDA(cudaMemsetAsync(p, 0xff, bytes, stream));
+  return ffi::Error::Success();
+}
+
+// TokenFfnKernel over a.top_k * a.blocks_per_choice + shared items; after_routing: a programmatic
+// dependent launch behind RouteTokenKernel (compute capability 9.0 and up).
+ffi::Error LaunchFfn(const TokenFfnArgs& a, ffi::DataType type, bool after_routing, cudaStream_t stream) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(a.top_k * a.blocks_per_choice + CeilDiv(a.shared_ffn, a.units)));
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = FfnSharedBytes(a.hidden, a.units);
+  config.stream = stream;
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &attr;
+  config.numAttrs = after_routing ? 1 : 0;
+  const cudaError_t status = type == ffi::DataType::BF16
+                                 ? cudaLaunchKernelEx(&config, TokenFfnKernel<__nv_bfloat16>, a)
+                                 : cudaLaunchKernelEx(&config, TokenFfnKernel<__half>, a);
+  return CudaStatus(status, "launch of TokenFfnKernel");
+}
+
 ffi::Error TokenFfn(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer w1, ffi::AnyBuffer w2,
                     ffi::Buffer<ffi::S32> experts, ffi::Buffer<ffi::F32> weights, ffi::AnyBuffer shared_w1,
-                    ffi::AnyBuffer shared_w2, ffi::Buffer<ffi::F32> shared_scale,
-                    ffi::Result<ffi::AnyBuffer> out, int64_t units) {
+                    ffi::AnyBuffer shared_w2, ffi::Buffer<ffi::F32> shared_scale, ffi::Result<ffi::AnyBuffer> out,
+                    ffi::Result<ffi::AnyBuffer> partials, ffi::Result<ffi::AnyBuffer> arrivals, int64_t units,
+                    int64_t group_items) {
   auto bad = [&](const std::string& what) {
     return ffi::Error::InvalidArgument("te_async token_ffn: " + what + " (x " + Dims(x) + ", w_fc1 " + Dims(w1) +
                                        ", w_fc2 " + Dims(w2) + ", shared w_gate_up " + Dims(shared_w1) +
                                        ", shared w_down " + Dims(shared_w2) + ", out " + Dims(*out) + ")");
   };
-  const auto xd = x.dimensions(), d1 = w1.dimensions(), d2 = w2.dimensions();
-  const auto s1 = shared_w1.dimensions(), s2 = shared_w2.dimensions(), od = out->dimensions();
-  const auto type = x.element_type();
-  if (type != ffi::DataType::BF16 && type != ffi::DataType::F16) return bad("x must be bfloat16 or float16");
-  if (xd.size() != 2 || xd[0] != 1) return bad("x must be [1, H]: one token");
-  const int64_t hidden = xd[1], k = experts.element_count();
-  if (hidden % kVec != 0 || hidden < kVec || hidden > kMaxHidden) {
-    return bad("H must be a multiple of 8 in [8, " + std::to_string(kMaxHidden) + "]");
-  }
-  if (d1.size() != 3 || d2.size() != 3 || d1[1] != hidden || d1[2] != 2 * d2[1] || d2[0] != d1[0] || d2[2] != hidden) {
-    return bad("need w_fc1 [E, H, 2F] and w_fc2 [E, F, H]");
-  }
-  if (s1.size() != 2 || s2.size() != 2 || s1[0] != hidden || s1[1] != 2 * s2[0] || s2[1] != hidden) {
-    return bad("need shared w_gate_up [H, 2Fs] and w_down [Fs, H] (Fs = 0: no shared experts)");
-  }
-  const int64_t num_experts = d1[0], ffn = d2[1], shared_ffn = s2[0];
-  if (weights.element_count() != k || (k > 0 && (num_experts < 1 || ffn < 1))) {
-    return bad("experts and weights must have k entries, with k = 0 or at least one expert of F >= 1");
-  }
+  const int64_t k = experts.element_count();
+  if (weights.element_count() != k) return bad("experts and weights must have k entries");
   if (shared_scale.element_count() != 1) return bad("shared_scale must have one entry");
-  if (ffn % kVec != 0 || shared_ffn % kVec != 0) return bad("F and Fs must be multiples of 8");
-  if (w1.element_type() != type || w2.element_type() != type || shared_w1.element_type() != type ||
-      shared_w2.element_type() != type) {
-    return bad("x and every weight must share a dtype");
-  }
-  if (units % kVec != 0 || units < kVec || units > kMaxUnits) {
-    return bad("units must be a multiple of 8 in [8, " + std::to_string(kMaxUnits) + "], got " + std::to_string(units));
-  }
-  const int64_t per_choice = k > 0 ? CeilDiv(ffn, units) : 0;
-  const int64_t items = k * per_choice + CeilDiv(shared_ffn, units);
-  if (items < 1) return bad("nothing to compute: no routed choices and no shared experts");
-  if (out->element_type() != ffi::DataType::F32 || od.size() != 2 || od[0] != items || od[1] != hidden) {
-    return bad("out must be float32 [items, H] with items = k * ceil(F / units) + ceil(Fs / units) = " + std::to_string(items));
-  }
-  for (const void* p : {x.untyped_data(), w1.untyped_data(), w2.untyped_data(), shared_w1.untyped_data(),
-                        shared_w2.untyped_data()}) {
-    if (!Aligned16(p)) return bad("operands must be 16-byte aligned");
-  }
-  if (PoisonOutputs()) TE_ASYNC_CUDA(cudaMemsetAsync(out->untyped_data(), 0xff, out->size_bytes(), stream));
-
-  const TokenFfnArgs a{x.untyped_data(),        w1.untyped_data(),
-                       w2.untyped_data(),       experts.typed_data(),
-                       weights.typed_data(),    shared_w1.untyped_data(),
-                       shared_w2.untyped_data(), shared_scale.typed_data(),
-                       static_cast<float*>(out->untyped_data()), static_cast<int>(hidden),
-                       static_cast<int>(num_experts), static_cast<int>(k),
-                       static_cast<int>(ffn),   static_cast<int>(shared_ffn),
-                       static_cast<int>(units), static_cast<int>(per_choice)};
-  const size_t smem = SharedBytes(static_cast<int>(hidden), static_cast<int>(units));
-  if (type == ffi::DataType::BF16) {
-    TokenFfnKernel<__nv_bfloat16><<<static_cast<unsigned>(items), kThreads, smem, stream>>>(a);
-  } else {
-    TokenFfnKernel<__half><<<static_cast<unsigned>(items), kThreads, smem, stream>>>(a);
-  }
-  return CudaStatus(cudaGetLastError(), "launch of TokenFfnKernel");
+  auto a = FfnArgs(x, w1, w2, k, shared_w1, shared_w2, *partials, *arrivals, *out, units, group_items, bad);
+  if (a.has_error()) return a.error();
+  a->experts = experts.typed_data();
+  a->weights = weights.typed_data();
+  a->shared_scale = shared_scale.typed_data();
+  TE_ASYNC_RETURN_IF_ERROR(Poison(stream, {{out->untyped_data(), out->size_bytes()},
+                                           {partials->untyped_data(), partials->size_bytes()}}));
+  TE_ASYNC_CUDA(cudaMemsetAsync(arrivals->untyped_data(), 0, arrivals->size_bytes(), stream));
+  return LaunchFfn(*a, x.element_type(), false, stream);
 }
 
-static_assert(SharedBytes(kMaxHidden, kMaxUnits) <= 48 * 1024, "dynamic shared memory past the default limit");
+ffi::Error TokenMoe(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer norm_scale, ffi::AnyBuffer router,
+                    ffi::AnyBuffer w1, ffi::AnyBuffer w2, ffi::AnyBuffer shared_w1, ffi::AnyBuffer shared_w2,
+                    ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::Buffer<ffi::F32>> weights,
+                    ffi::Result<ffi::Buffer<ffi::S32>> experts, ffi::Result<ffi::AnyBuffer> partials,
+                    ffi::Result<ffi::AnyBuffer> arrivals, int64_t units, int64_t group_items, int64_t top_k,
+                    int64_t n_group, int64_t topk_group, bool renormalize, float scaling, float eps, bool round_first,
+                    bool router_reads_normed, bool residual) {
+  auto bad = [&](const std::string& what) {
+    return ffi::Error::InvalidArgument("te_async token_moe: " + what + " (x " + Dims(x) + ", norm scale " +
+                                       Dims(norm_scale) + ", router " + Dims(router) + ", w_fc1 " + Dims(w1) +
+                                       ", w_fc2 " + Dims(w2) + ", shared w_gate_up " + Dims(shared_w1) +
+                                       ", shared w_down " + Dims(shared_w2) + ")");
+  };
+  auto a = FfnArgs(x, w1, w2, top_k, shared_w1, shared_w2, *partials, *arrivals, *out, units, group_items, bad);
+  if (a.has_error()) return a.error();
+  const int64_t hidden = a->hidden, num_experts = a->num_experts;
+  if (num_experts < 1 || num_experts > kRouteMaxExperts || num_experts % kVec != 0) {
+    return bad("the router needs E a multiple of 8 in [8, " + std::to_string(kRouteMaxExperts) + "]");
+  }
+  if (top_k < 1 || top_k > num_experts || top_k > 32) return bad("top_k must be in [1, min(E, 32)]");
+  if (n_group < 1 || n_group > 32 || num_experts % n_group != 0 || topk_group < 1 || topk_group > n_group) {
+    return bad("n_group must divide E and be at most 32, 1 <= topk_group <= n_group");
+  }
+  if (!HasDims(router, {hidden, num_experts}) || router.element_type() != x.element_type()) {
+    return bad("router must be [H, E] in x's dtype");
+  }
+  const auto scale_type = norm_scale.element_type();
+  if (!HasDims(norm_scale, {hidden}) || (scale_type != x.element_type() && scale_type != ffi::DataType::F32)) {
+    return bad("the norm scale must be [H], float32 or x's dtype");
+  }
+  const std::initializer_list<int64_t> routing_dims = {1, top_k};
+  const auto wd = weights->dimensions(), ed = experts->dimensions();
+  if (!std::equal(wd.begin(), wd.end(), routing_dims.begin(), routing_dims.end()) ||
+      !std::equal(ed.begin(), ed.end(), routing_dims.begin(), routing_dims.end())) {
+    return bad("weights and experts must be [1, top_k]");
+  }
+  if (!Aligned16(router.untyped_data())) return bad("operands must be 16-byte aligned");
+  const TokenNorm norm{norm_scale.untyped_data(), scale_type == ffi::DataType::F32, round_first, eps};
+  a->norm = norm;
+  a->residual = residual;
+  a->experts = experts->typed_data();
+  a->weights = weights->typed_data();
+  a->shared_scale = nullptr;
+  const RouteTokenArgs r{x.untyped_data(),
+                         norm,
+                         router_reads_normed,
+                         router.untyped_data(),
+                         TopKOptions{static_cast<int>(num_experts), static_cast<int>(top_k), static_cast<int>(n_group),
+                                     static_cast<int>(topk_group), renormalize, scaling},
+                         static_cast<int>(hidden),
+                         weights->typed_data(),
+                         experts->typed_data(),
+                         a->arrivals,
+                         a->groups + 1};
+  TE_ASYNC_RETURN_IF_ERROR(Poison(stream, {{out->untyped_data(), out->size_bytes()},
+                                           {partials->untyped_data(), partials->size_bytes()},
+                                           {weights->untyped_data(), weights->size_bytes()},
+                                           {experts->untyped_data(), experts->size_bytes()}}));
+  int device = 0;
+  TE_ASYNC_CUDA(cudaGetDevice(&device));
+  auto info = QueryDevice(device);
+  if (info.has_error()) return info.error();
+  const size_t smem = RouteSharedBytes(static_cast<int>(hidden), static_cast<int>(num_experts));
+  auto route = x.element_type() == ffi::DataType::BF16 ? RouteTokenKernel<__nv_bfloat16> : RouteTokenKernel<__half>;
+  TE_ASYNC_CUDA(cudaFuncSetAttribute(route, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  route<<<1, kRouteThreads, smem, stream>>>(r);
+  TE_ASYNC_CUDA(cudaGetLastError());
+  return LaunchFfn(*a, x.element_type(), info->compute_capability >= 90, stream);
+}
+
+static_assert(FfnSharedBytes(kMaxHidden, kMaxUnits) <= 48 * 1024, "dynamic shared memory past the default limit");
+static_assert(RouteSharedBytes(kMaxHidden, kRouteMaxExperts) <= 227 * 1024, "past an SM's shared memory");
 
 }  // namespace
 
@@ -247,7 +543,38 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(kTokenFfnCuda, TokenFfn,
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::AnyBuffer>()
-                                  .Attr<int64_t>("units"),
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int64_t>("units")
+                                  .Attr<int64_t>("group_items"),
+                              {ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kTokenMoeCuda, TokenMoe,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int64_t>("units")
+                                  .Attr<int64_t>("group_items")
+                                  .Attr<int64_t>("top_k")
+                                  .Attr<int64_t>("n_group")
+                                  .Attr<int64_t>("topk_group")
+                                  .Attr<bool>("renormalize")
+                                  .Attr<float>("scaling")
+                                  .Attr<float>("eps")
+                                  .Attr<bool>("round_first")
+                                  .Attr<bool>("router_reads_normed")
+                                  .Attr<bool>("residual"),
                               {ffi::Traits::kCmdBufferCompatible});
 
 }  // namespace te_async

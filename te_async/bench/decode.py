@@ -10,7 +10,8 @@ Modes:
   async_late    async with early_copy=False: the copy issued by grouped_mlp, after the permutation,
                 which shows what issuing it early buys.
   device        moe_block in device mode, when te_async has it: the routing kernel at decode sizes,
-                and at T=1 the experts in one kernel (te_async.token_ffn).
+                and at T=1 the whole layer (norm, router, experts, residual) in one call of two
+                kernels (te_async.token_moe).
   device_unfused  device mode without that fusion (the routing kernel still runs).
   ragged_dot    the same step with jax.lax.ragged_dot for fc1 and fc2: what plain JAX offers.
   nohost        the same step with each sorted row's expert weights gathered and applied by an
@@ -64,7 +65,8 @@ PROFILED_STEPS = 3
 def _te_moe(mode, early_copy=True, fuse=True):
     def layer(x, p, model):
         return moe_block(x, p["router"], p["w_fc1"], p["w_fc2"], top_k=model.top_k, norm_scale=p["norm_scale"],
-                         norm=NORM, activation=ACTIVATION, group_sizes_mode=mode, early_copy=early_copy, fuse=fuse)
+                         norm=NORM, activation=ACTIVATION, group_sizes_mode=mode, early_copy=early_copy, fuse=fuse,
+                         residual=True)
 
     return layer
 
@@ -77,7 +79,7 @@ def _routed(expert_mlp):
         routing = route_top_k(x, p["router"], model.top_k)
         dispatch = plan_dispatch(routing.experts, model.experts)
         rows = normalize(x[dispatch.token_of_row], p["norm_scale"], None, NORM, EPS)
-        return combine(expert_mlp(rows, dispatch.group_sizes, p["w_fc1"], p["w_fc2"]), dispatch, routing.weights)
+        return x + combine(expert_mlp(rows, dispatch.group_sizes, p["w_fc1"], p["w_fc2"]), dispatch, routing.weights)
 
     return layer
 
@@ -107,7 +109,7 @@ def make_step(layer, model, with_experts=False):
 
     def body(h, p):
         experts = route_top_k(h, p["router"], model.top_k).experts if with_experts else None
-        return h + layer(h, p, model), experts
+        return layer(h, p, model), experts
 
     def step(params, x):
         h, experts = jax.lax.scan(body, x, params)

@@ -26,7 +26,7 @@ from .cache import cache_batch, cache_length, cache_shapes, init_cache
 from .config import Config
 from .ffn import swiglu_mlp
 from .mla import mla_attention
-from .moe_layer import check_experts, moe_block
+from .moe_layer import check_experts, moe_sublayer
 from .norm import rms_norm
 from .params import check_params, layer_runs
 from .rope import cos_sin
@@ -57,12 +57,11 @@ def _layer(p, cfg: Config, x, cos, sin, cache, position, window, group_sizes_mod
     eps = cfg.rms_norm_eps
     a, cache = attention(p["attn"], cfg, rms_norm(x, p["attn_norm"], eps), cos, sin, cache, position, window)
     x = x + a
-    h = rms_norm(x, p["mlp_norm"], eps)
     if "moe" in p:
-        y, chosen = moe_block(p["moe"], cfg, h, group_sizes_mode=group_sizes_mode, experts=experts,
-                              return_routing=True)
-        return x + y, cache, chosen
-    return x + swiglu_mlp(p["mlp"], h), cache, None
+        x, chosen = moe_sublayer(p["moe"], p["mlp_norm"], cfg, x, group_sizes_mode=group_sizes_mode, experts=experts,
+                                 return_routing=True)
+        return x, cache, chosen
+    return x + swiglu_mlp(p["mlp"], rms_norm(x, p["mlp_norm"], eps)), cache, None
 
 
 def _unrolled(body, carry, xs) -> tuple:

@@ -27,11 +27,12 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from .. import decode_moe, token_ffn
+from .. import decode_moe, token_ffn, token_moe
 from ..group_sizes import copy_group_sizes
 from ..mlp import activate, grouped_mlp, resolve_mlp_mode
 from ..routing import combine
 from .ffn import swiglu_mlp
+from .norm import rms_norm
 from .routing import route
 
 EXPERTS = ("te_async", "te_async_unfused", "ragged_dot")
@@ -98,6 +99,29 @@ def moe_block(p: dict, cfg, x: jax.Array, *, group_sizes_mode: Optional[str], ex
             y_rows = _ragged_dot_experts(rows, dispatch.group_sizes, p["w_fc1"], p["w_fc2"])
         y = combine(y_rows, dispatch, routing.weights)
     return _finish(y, shared, shape, routing, return_routing)
+
+
+def moe_sublayer(p: dict, norm_weight: jax.Array, cfg, x: jax.Array, *, group_sizes_mode: Optional[str],
+                 experts: str, return_routing: bool = False):
+    """x [..., H], the residual stream, -> x + moe_block(rms_norm(x)), and with return_routing the
+    experts each token chose. In device mode at one token, without a shared-expert gate, the
+    whole sub-layer is te_async.token_moe (one call of two kernels) where it applies."""
+    tokens = x.reshape(-1, x.shape[-1])
+    if experts == "te_async" and not cfg.shared_expert_gate and tokens.shape[0] == 1:
+        mode = resolve_mlp_mode(group_sizes_mode, False, None, groups=cfg.num_experts, rows=cfg.num_experts_per_tok,
+                                w_fc1=p["w_fc1"], w_fc2=p["w_fc2"])
+        grouped = cfg.topk_method == "group_limited_greedy"
+        norm = token_moe.Norm(norm_weight, cfg.rms_norm_eps, round_first=True)
+        router = token_moe.Router(p["router"], cfg.num_experts_per_tok, cfg.norm_topk_prob, cfg.routed_scaling_factor,
+                                  cfg.n_group if grouped else 1, cfg.topk_group if grouped else 1)
+        shared = token_ffn.Shared(p["shared"]["w_gate_up"], p["shared"]["w_down"]) if "shared" in p else None
+        if mode == "device" and token_moe.applies(tokens, norm, router, p["w_fc1"], p["w_fc2"], shared):
+            with jax.named_scope("token_moe"):
+                y, routing = token_moe.token_moe(tokens, norm, router, p["w_fc1"], p["w_fc2"], shared, residual=True)
+            return (y.reshape(x.shape), routing.experts) if return_routing else y.reshape(x.shape)
+    out = moe_block(p, cfg, rms_norm(x, norm_weight, cfg.rms_norm_eps), group_sizes_mode=group_sizes_mode,
+                    experts=experts, return_routing=return_routing)
+    return (x + out[0], out[1]) if return_routing else x + out
 
 
 def _finish(y, shared, shape, routing, return_routing):

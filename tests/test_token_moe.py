@@ -1,0 +1,175 @@
+"""te_async.token_moe: one token's MoE sub-layer (norm, router, top-k, routed and shared experts,
+residual) in one call, against a float64 reference written here (CPU: the JAX reference path; GPU:
+the two kernels, with poisoned outputs in gpu_check.sh's runs): both norm roundings, a router on
+x or on norm(x), plain, renormalised and group-limited top-k, DeepSeek's scaling, shared experts,
+sizes whose blocks leave tails, bf16 and f16; moe_block's and the models' use of it; the errors."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from te_async import token_ffn, token_moe
+from te_async.moe import moe_block
+
+from reference import rel_error
+from test_token_ffn import TOL, swiglu64
+
+
+def rounded(v, dtype):
+    return np.asarray(jnp.asarray(v, jnp.float64).astype(dtype).astype(jnp.float64))
+
+
+def route64(logits, router):
+    """softmax, group-limited top-k, renormalisation and scaling in float64: (experts, weights)."""
+    p = np.exp(logits - logits.max())
+    p /= p.sum()
+    if router.n_group > 1:
+        groups = p.reshape(router.n_group, -1)
+        kept = np.argsort(-groups.max(axis=1), kind="stable")[:router.topk_group]
+        mask = np.zeros_like(groups)
+        mask[kept] = 1
+        p = (groups * mask).reshape(-1)
+    experts = np.argsort(-p, kind="stable")[:router.top_k]
+    weights = p[experts]
+    if router.renormalize:
+        weights = weights / weights.sum()
+    return experts, weights * router.scaling
+
+
+def reference(x, norm, router, w_fc1, w_fc2, shared, residual):
+    """(y [1, H] in float64, experts, weights) of token_moe, from float64 math with the roundings
+    the model makes: the normalised x, fc1's output and the activation in x's dtype."""
+    f64 = lambda a: np.asarray(jnp.asarray(a, jnp.float64))
+    xf, scale = f64(x)[0], f64(norm.scale)
+    y = xf / np.sqrt(np.mean(xf * xf) + norm.eps)
+    if norm.round_first:
+        xn = rounded(rounded(y, x.dtype) * rounded(scale, x.dtype), x.dtype)
+    else:
+        xn = rounded(y * scale, x.dtype)
+    experts, weights = route64((xn if router.reads_normed else xf) @ f64(router.weight), router)
+    out = np.zeros_like(xf)
+    for e, w in zip(experts, weights):
+        out += w * swiglu64(xn, f64(w_fc1)[e], f64(w_fc2)[e], x.dtype)
+    if shared is not None:
+        out += swiglu64(xn, f64(shared.w_gate_up), f64(shared.w_down), x.dtype)
+    if residual:
+        out = xf + rounded(out, x.dtype)
+    return out[None], experts, weights
+
+
+def make(rng, *, hidden, experts, ffn, top_k, shared_ffn=0, n_group=1, topk_group=1, renormalize=True, scaling=1.0,
+         round_first=True, reads_normed=True, scale_f32=False, dtype=jnp.bfloat16):
+    normal = lambda *shape: rng.standard_normal(shape)
+    x = jnp.asarray(3 * normal(1, hidden), dtype)  # not unit RMS: the norm must act
+    norm = token_moe.Norm(jnp.asarray(1 + 0.3 * normal(hidden), jnp.float32 if scale_f32 else dtype), 1e-6,
+                          round_first)
+    # Router logits of a few units, so that the top-k is decided well above rounding.
+    router = token_moe.Router(jnp.asarray(4 * normal(hidden, experts) / np.sqrt(hidden), dtype), top_k, renormalize,
+                              scaling, n_group, topk_group, reads_normed)
+    w_fc1 = jnp.asarray(normal(experts, hidden, 2 * ffn) / np.sqrt(hidden), dtype)
+    w_fc2 = jnp.asarray(normal(experts, ffn, hidden) / np.sqrt(ffn), dtype)
+    shared = None
+    if shared_ffn:
+        shared = token_ffn.Shared(jnp.asarray(normal(hidden, 2 * shared_ffn) / np.sqrt(hidden), dtype),
+                                  jnp.asarray(normal(shared_ffn, hidden) / np.sqrt(shared_ffn), dtype))
+    return x, norm, router, w_fc1, w_fc2, shared
+
+
+# DeepSeek-like (group-limited top-k, scaling, shared experts), Qwen3-like (128 experts, top-8),
+# Mixtral-like (8 experts, top-2, H past 2048), block tails and an H that is not a multiple of 256,
+# moe_block's conventions (router on x, the norm's scale multiplied in float32).
+CASES = [
+    dict(hidden=256, experts=64, ffn=176, top_k=6, shared_ffn=352, n_group=8, topk_group=3, renormalize=False,
+         scaling=16.0),
+    dict(hidden=512, experts=128, ffn=96, top_k=8),
+    dict(hidden=4096, experts=8, ffn=64, top_k=2),
+    dict(hidden=264, experts=16, ffn=1000, top_k=3, shared_ffn=24),
+    dict(hidden=256, experts=32, ffn=64, top_k=4, round_first=False, reads_normed=False, scale_f32=True),
+]
+
+
+def case_id(c):
+    return "-".join(f"{k}{v}" for k, v in c.items())
+
+
+def run(args, residual=False, device=None):
+    """token_moe jitted over the arrays of args (Norm and Router hold static numbers too)."""
+    x, norm, router, w_fc1, w_fc2, shared = args
+    fn = jax.jit(lambda x, scale, weight, w_fc1, w_fc2, shared: token_moe.token_moe(
+        x, norm._replace(scale=scale), router._replace(weight=weight), w_fc1, w_fc2, shared, residual=residual))
+    arrays = (x, norm.scale, router.weight, w_fc1, w_fc2, shared)
+    if device is not None:
+        arrays = jax.device_put(arrays, device)
+    return fn(*arrays), fn.lower(*arrays).as_text()
+
+
+def check(got, want, dtype):
+    y, routing = got
+    y64, experts, weights = want
+    assert y.shape == y64.shape and y.dtype == dtype
+    assert np.array_equal(np.asarray(routing.experts)[0], experts)
+    np.testing.assert_allclose(np.asarray(routing.weights)[0], weights, rtol=1e-5)
+    assert rel_error(y, y64) < TOL[dtype]
+
+
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_reference_path_against_float64(rng, case):
+    """Off the GPU token_moe runs its JAX reference: the same math as the float64 reference."""
+    args = make(rng, **case)
+    cpu = jax.devices("cpu")[0]
+    got, _ = run(args, device=cpu)
+    check(got, reference(*args, residual=False), jnp.bfloat16)
+    (y, _), _ = run(args, residual=True, device=cpu)
+    np.testing.assert_array_equal(np.asarray(y), np.asarray(args[0] + got[0]))
+
+
+def test_errors(rng):
+    x, norm, router, w_fc1, w_fc2, shared = make(rng, hidden=64, experts=8, ffn=16, top_k=2, shared_ffn=16)
+    with pytest.raises(ValueError, match="one token"):
+        token_moe.token_moe(jnp.concatenate([x, x]), norm, router, w_fc1, w_fc2)
+    with pytest.raises(ValueError, match="without a gate"):
+        token_moe.token_moe(x, norm, router, w_fc1, w_fc2, shared._replace(scale=jnp.ones((1,), jnp.float32)))
+    assert not token_moe.applies(x.astype(jnp.float32), norm, router, w_fc1, w_fc2)
+
+
+def test_moe_block_residual(rng):
+    """moe_block(residual=True) is x + moe_block(...) on every path (here the CPU's)."""
+    x, norm, router, w_fc1, w_fc2, _ = make(rng, hidden=64, experts=8, ffn=16, top_k=2)
+    block = lambda residual: jax.jit(lambda x: moe_block(x, router.weight, w_fc1, w_fc2, top_k=2, norm_scale=norm.scale,
+                                                         group_sizes_mode="device", residual=residual))
+    for rows in (x, jnp.concatenate([x, -x, 2 * x])):
+        np.testing.assert_array_equal(np.asarray(block(True)(rows)), np.asarray(rows + block(False)(rows)))
+
+
+# ---- GPU ------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_kernels_against_float64(rng, case, dtype):
+    args = make(rng, **case, dtype=dtype)
+    assert token_moe.applies(*args)
+    got, hlo = run(args)
+    assert token_moe.TOKEN_MOE in hlo
+    check(got, reference(*args, residual=False), dtype)
+    again, _ = run(args)  # deterministic: bit-identical
+    assert np.array_equal(np.asarray(again[0]), np.asarray(got[0]))
+    # The residual inside the kernel rounds as x + y in x's dtype does.
+    (y, _), _ = run(args, residual=True)
+    np.testing.assert_array_equal(np.asarray(y), np.asarray(args[0] + got[0]))
+
+
+@pytest.mark.gpu
+def test_moe_block_takes_token_moe(rng):
+    """At one token in device mode moe_block is one token_moe call (no routing kernel, no XLA
+    router GEMM), equal within rounding to its unfused path."""
+    x, norm, router, w_fc1, w_fc2, _ = make(rng, hidden=256, experts=64, ffn=96, top_k=6, round_first=False,
+                                            reads_normed=False, scale_f32=True)
+    block = lambda x, fuse: moe_block(x, router.weight, w_fc1, w_fc2, top_k=6, norm_scale=norm.scale,
+                                      group_sizes_mode="device", fuse=fuse, residual=True)
+    hlo = jax.jit(lambda x: block(x, True)).lower(x).as_text()
+    assert hlo.count(token_moe.TOKEN_MOE) == 1 and "te_async_route" not in hlo and "dot_general" not in hlo
+    fused, unfused = (np.asarray(jax.jit(lambda x, f=f: block(x, f))(x), np.float32) for f in (True, False))
+    assert rel_error(fused - np.asarray(x, np.float32), unfused - np.asarray(x, np.float32)) < TOL[jnp.bfloat16]
