@@ -123,7 +123,11 @@ def _kernel(x, scale, router, w_fc1, w_fc2, shared, s: _Static):
     units, workspace, group_items = token_ffn.plan_call(x, s.top_k, w_fc2.shape[1], w_down.shape[0])
     out = (jax.ShapeDtypeStruct((1, h), x.dtype), jax.ShapeDtypeStruct((1, s.top_k), jnp.float32),
            jax.ShapeDtypeStruct((1, s.top_k), jnp.int32))
-    y, weights, experts, _, _ = jax.ffi.ffi_call(TOKEN_MOE, out + workspace)(
+    # With the residual, y takes x's buffer (x + y in place, as a decoder's residual stream is
+    # updated; XLA copies x first where it is still needed): every read of x precedes the one write
+    # of y, by the last block of the second kernel.
+    aliases = {0: 0} if s.residual else {}
+    y, weights, experts, _, _ = jax.ffi.ffi_call(TOKEN_MOE, out + workspace, input_output_aliases=aliases)(
         x, scale, router, w_fc1, w_fc2, w_gate_up, w_down, units=units, group_items=group_items, top_k=s.top_k,
         n_group=s.n_group, topk_group=s.topk_group, renormalize=s.renormalize, scaling=np.float32(s.scaling),
         eps=np.float32(s.eps), round_first=s.round_first, router_reads_normed=s.reads_normed, residual=s.residual)

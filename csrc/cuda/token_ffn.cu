@@ -9,7 +9,9 @@
 // - te_async_token_ffn: TokenFfnKernel alone, on an x that is already normalised, with the
 //   experts and weights of an earlier routing.
 // - te_async_token_moe: a decoder's whole MoE sub-layer for one token, x + moe(rmsnorm(x)):
-//   RouteTokenKernel (one block: the norm, the router GEMM, the top-k of route_top_k.cuh), then
+//   RouteTokenKernel (the norm, the router GEMM with its rows split over a thread-block cluster
+//   of kRouteSlices blocks whose partial logits rank 0 adds in rank order, the top-k of
+//   route_top_k.cuh; one block below compute capability 9.0), then
 //   TokenFfnKernel, which normalises x itself (the same code, so the same values) and adds the
 //   residual. On compute capability 9.0 and up the second is a programmatic dependent launch:
 //   the first triggers it at once, so its blocks load x and the shared experts' blocks run while
@@ -41,6 +43,7 @@
 // token's output is NaN.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -68,7 +71,7 @@ namespace ffi = xla::ffi;
 
 constexpr int kThreads = 256;
 constexpr int kBlocksPerSm = 2;  // measured as fast as one 512-thread block and faster than four (benchmarks.md, TF)
-constexpr int kRouteThreads = 1024;  // RouteTokenKernel: the router's weights read by one block
+constexpr int kRouteSlices = 8;  // RouteTokenKernel's cluster (the portable size): 32 KB of router each at E = 64, H = 2048
 constexpr int kVec = 8;           // 16-bit elements per 16-byte vector
 constexpr int kUnroll = 8;        // loads in flight per thread
 constexpr int kNormLanes = 256;   // strided partial sums of x^2, in one order for both kernels
@@ -117,7 +120,7 @@ constexpr size_t FfnSharedBytes(int hidden, int units) {
 }
 
 constexpr size_t RouteSharedBytes(int hidden, int experts) {
-  return sizeof(float) * (hidden + experts + kNormLanes + 1 + kRouteThreads * kVec);
+  return sizeof(float) * (hidden + experts + kNormLanes + 1 + kThreads * kVec);
 }
 
 template <typename T>
@@ -213,33 +216,56 @@ __device__ __forceinline__ void WeightedRowSum(const T* __restrict__ w, long lon
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kRouteThreads) RouteTokenKernel(RouteTokenArgs a) {
+__global__ void __launch_bounds__(kThreads) RouteTokenKernel(RouteTokenArgs a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   cudaTriggerProgrammaticLaunchCompletion();  // TokenFfnKernel may start: it waits where it needs the routing
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  const int rank = static_cast<int>(cluster.block_rank()), slices = static_cast<int>(cluster.num_blocks());
+#else
+  const int rank = 0, slices = 1;
 #endif
   extern __shared__ float smem[];
   float* xs = smem;                          // [H]
-  float* logits = xs + a.hidden;             // [E]
+  float* logits = xs + a.hidden;             // [E]: this slice's partial logits
   float* lanes = logits + a.top.experts;     // [kNormLanes + 1]
-  float* scratch = lanes + kNormLanes + 1;   // [kRouteThreads * kVec]
+  float* scratch = lanes + kNormLanes + 1;   // [kThreads * kVec]
   const int tid = threadIdx.x;
-  for (int i = tid; i < a.arrival_count; i += kRouteThreads) a.arrivals[i] = 0;
-  LoadToken<T, kRouteThreads>(static_cast<const T*>(a.x), a.hidden, a.router_reads_normed ? a.norm : TokenNorm{},
-                              xs, lanes);
-  WeightedRowSum<T, kRouteThreads>(
-      static_cast<const T*>(a.router), a.top.experts, a.hidden, xs, a.top.experts / kVec,
-      [](int c) { return static_cast<long long>(c) * kVec; }, scratch, [=](int e, float s) { logits[e] = s; });
-  if (tid < 32) {
+  if (rank == 0) {
+    for (int i = tid; i < a.arrival_count; i += kThreads) a.arrivals[i] = 0;
+  }
+  LoadToken<T, kThreads>(static_cast<const T*>(a.x), a.hidden, a.router_reads_normed ? a.norm : TokenNorm{}, xs,
+                         lanes);
+  const int per = (a.hidden + slices - 1) / slices, r0 = min(a.hidden, rank * per);
+  WeightedRowSum<T, kThreads>(
+      static_cast<const T*>(a.router) + static_cast<long long>(r0) * a.top.experts, a.top.experts,
+      min(per, a.hidden - r0), xs + r0, a.top.experts / kVec, [](int c) { return static_cast<long long>(c) * kVec; },
+      scratch, [=](int e, float s) { logits[e] = s; });
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cluster.sync();  // every slice's partial logits are in its shared memory
+  if (rank == 0) {
+    for (int e = tid; e < a.top.experts; e += kThreads) {
+      float l = logits[e];
+      for (int q = 1; q < slices; ++q) l += cluster.map_shared_rank(logits, q)[e];
+      scratch[e] = l;
+    }
+  }
+  cluster.sync();  // no block leaves while rank 0 reads its logits
+  const float* summed = scratch;
+#else
+  const float* summed = logits;
+#endif
+  if (rank == 0 && tid < 32) {
     float w;
     int e;
-    WarpTopK(logits, a.top, tid, w, e);
+    WarpTopK(summed, a.top, tid, w, e);
     if (tid < a.top.top_k) a.weights[tid] = w, a.experts[tid] = e;
   }
 }
 
 // Step 5: the caller's partial is in its row of a.partials; the last item of the group, then the
 // last group, add them up. flag: one int of shared memory.
-template <typename T>
+template <typename T, int kBatch = 8>
 __device__ void SumItems(const TokenFfnArgs& a, int item, int items, int* flag) {
   const int tid = threadIdx.x, hidden = a.hidden;
   const int group = item / a.group_items, first = group * a.group_items;
@@ -265,10 +291,23 @@ __device__ void SumItems(const TokenFfnArgs& a, int item, int items, int* flag) 
     }
   };
   auto add = [](float4& s, float4 r) { s.x += r.x, s.y += r.y, s.z += r.z, s.w += r.w; };
+  // rows [first, first + n) added in row order, kBatch loads in flight at a time
+  auto sum_rows = [&](int first, int n, int c) {
+    float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int r0 = 0; r0 < n; r0 += kBatch) {
+      float4 v[kBatch];
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) v[i] = r0 + i < n ? row(first + r0 + i, c) : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) {
+        if (r0 + i < n) add(s, v[i]);
+      }
+    }
+    return s;
+  };
   if (!arrive(a.arrivals + group, count - 1)) return;
   for (int c = 4 * tid; c < hidden; c += 4 * kThreads) {
-    float4 s = row(first, c);
-    for (int r = first + 1; r < first + count; ++r) add(s, row(r, c));
+    const float4 s = sum_rows(first, count, c);
     if (a.groups == 1) {
       finish(c, s);
     } else {
@@ -276,11 +315,7 @@ __device__ void SumItems(const TokenFfnArgs& a, int item, int items, int* flag) 
     }
   }
   if (a.groups == 1 || !arrive(a.arrivals + a.groups, a.groups - 1)) return;
-  for (int c = 4 * tid; c < hidden; c += 4 * kThreads) {
-    float4 s = row(items, c);
-    for (int g = 1; g < a.groups; ++g) add(s, row(items + g, c));
-    finish(c, s);
-  }
+  for (int c = 4 * tid; c < hidden; c += 4 * kThreads) finish(c, sum_rows(items, a.groups, c));
 }
 
 template <typename T>
@@ -519,15 +554,26 @@ ffi::Error TokenMoe(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer norm_s
   auto info = QueryDevice(device);
   if (info.has_error()) return info.error();
   const size_t smem = RouteSharedBytes(static_cast<int>(hidden), static_cast<int>(num_experts));
-  auto route = x.element_type() == ffi::DataType::BF16 ? RouteTokenKernel<__nv_bfloat16> : RouteTokenKernel<__half>;
-  TE_ASYNC_CUDA(cudaFuncSetAttribute(route, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  route<<<1, kRouteThreads, smem, stream>>>(r);
-  TE_ASYNC_CUDA(cudaGetLastError());
-  return LaunchFfn(*a, x.element_type(), info->compute_capability >= 90, stream);
+  const bool hopper = info->compute_capability >= 90;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(hopper ? kRouteSlices : 1);
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = kRouteSlices;
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  config.attrs = &attr;
+  config.numAttrs = hopper ? 1 : 0;
+  TE_ASYNC_CUDA(x.element_type() == ffi::DataType::BF16 ? cudaLaunchKernelEx(&config, RouteTokenKernel<__nv_bfloat16>, r)
+                                                        : cudaLaunchKernelEx(&config, RouteTokenKernel<__half>, r));
+  return LaunchFfn(*a, x.element_type(), hopper, stream);
 }
 
 static_assert(FfnSharedBytes(kMaxHidden, kMaxUnits) <= 48 * 1024, "dynamic shared memory past the default limit");
-static_assert(RouteSharedBytes(kMaxHidden, kRouteMaxExperts) <= 227 * 1024, "past an SM's shared memory");
+static_assert(RouteSharedBytes(kMaxHidden, kRouteMaxExperts) <= 48 * 1024, "dynamic shared memory past the default limit");
 
 }  // namespace
 
