@@ -128,6 +128,16 @@ __device__ __forceinline__ float Rounded(float v) {
   return ToFloat<T>(FromFloat<T>(v));
 }
 
+// Asks for bytes [p, p + bytes) in L2, 128-byte lines spread over the block's threads, so that
+// the loads that follow find them there.
+template <int kBlock>
+__device__ __forceinline__ void PrefetchL2(const void* p, long long bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (long long o = 128LL * threadIdx.x; o < bytes; o += 128LL * kBlock) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(c + o));
+  }
+}
+
 __device__ __forceinline__ void WaitForRouting() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   cudaGridDependencySynchronize();  // returns at once where the launch has no programmatic dependency
@@ -142,6 +152,7 @@ template <typename T, int kBlock>
 __device__ void LoadToken(const T* x, int hidden, const TokenNorm& n, float* xs, float* lanes) {
   static_assert(kBlock >= kNormLanes, "one thread per norm lane");
   const int tid = threadIdx.x;
+  if (n.scale != nullptr) PrefetchL2<kBlock>(n.scale, static_cast<long long>(hidden) * (n.scale_f32 ? 4 : sizeof(T)));
   for (int i = tid; i < hidden; i += kBlock) xs[i] = ToFloat<T>(x[i]);
   __syncthreads();
   if (n.scale == nullptr) return;
@@ -231,15 +242,16 @@ __global__ void __launch_bounds__(kThreads) RouteTokenKernel(RouteTokenArgs a) {
   float* lanes = logits + a.top.experts;     // [kNormLanes + 1]
   float* scratch = lanes + kNormLanes + 1;   // [kThreads * kVec]
   const int tid = threadIdx.x;
+  const int per = (a.hidden + slices - 1) / slices, r0 = min(a.hidden, rank * per), rows = min(per, a.hidden - r0);
+  const T* router = static_cast<const T*>(a.router) + static_cast<long long>(r0) * a.top.experts;
+  PrefetchL2<kThreads>(router, static_cast<long long>(rows) * a.top.experts * sizeof(T));  // while x is normalised
   if (rank == 0) {
     for (int i = tid; i < a.arrival_count; i += kThreads) a.arrivals[i] = 0;
   }
   LoadToken<T, kThreads>(static_cast<const T*>(a.x), a.hidden, a.router_reads_normed ? a.norm : TokenNorm{}, xs,
                          lanes);
-  const int per = (a.hidden + slices - 1) / slices, r0 = min(a.hidden, rank * per);
   WeightedRowSum<T, kThreads>(
-      static_cast<const T*>(a.router) + static_cast<long long>(r0) * a.top.experts, a.top.experts,
-      min(per, a.hidden - r0), xs + r0, a.top.experts / kVec, [](int c) { return static_cast<long long>(c) * kVec; },
+      router, a.top.experts, rows, xs + r0, a.top.experts / kVec, [](int c) { return static_cast<long long>(c) * kVec; },
       scratch, [=](int e, float s) { logits[e] = s; });
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   cluster.sync();  // every slice's partial logits are in its shared memory
@@ -265,7 +277,7 @@ __global__ void __launch_bounds__(kThreads) RouteTokenKernel(RouteTokenArgs a) {
 
 // Step 5: the caller's partial is in its row of a.partials; the last item of the group, then the
 // last group, add them up. flag: one int of shared memory.
-template <typename T, int kBatch = 8>
+template <typename T, int kRows = 4, int kCols = kMaxHidden / (4 * kThreads)>
 __device__ void SumItems(const TokenFfnArgs& a, int item, int items, int* flag) {
   const int tid = threadIdx.x, hidden = a.hidden;
   const int group = item / a.group_items, first = group * a.group_items;
@@ -290,32 +302,50 @@ __device__ void SumItems(const TokenFfnArgs& a, int item, int items, int* flag) 
       out[c + j] = FromFloat<T>(y);
     }
   };
-  auto add = [](float4& s, float4 r) { s.x += r.x, s.y += r.y, s.z += r.z, s.w += r.w; };
-  // rows [first, first + n) added in row order, kBatch loads in flight at a time
-  auto sum_rows = [&](int first, int n, int c) {
-    float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int r0 = 0; r0 < n; r0 += kBatch) {
-      float4 v[kBatch];
+  // For each of the thread's columns (c = 4 * (tid + j * kThreads) < H), the sum of rows
+  // [first, first + n) in row order, kRows rows of every column loaded at a time (all in flight).
+  auto sum_rows = [&](int first, int n, float4 (&s)[kCols]) {
 #pragma unroll
-      for (int i = 0; i < kBatch; ++i) v[i] = r0 + i < n ? row(first + r0 + i, c) : make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int j = 0; j < kCols; ++j) s[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int r0 = 0; r0 < n; r0 += kRows) {
+      float4 v[kRows][kCols];
 #pragma unroll
-      for (int i = 0; i < kBatch; ++i) {
-        if (r0 + i < n) add(s, v[i]);
+      for (int i = 0; i < kRows; ++i) {
+#pragma unroll
+        for (int j = 0; j < kCols; ++j) {
+          const int c = 4 * (tid + j * kThreads);
+          v[i][j] = r0 + i < n && c < hidden ? row(first + r0 + i, c) : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < kRows; ++i) {
+#pragma unroll
+        for (int j = 0; j < kCols; ++j) {
+          if (r0 + i < n) s[j].x += v[i][j].x, s[j].y += v[i][j].y, s[j].z += v[i][j].z, s[j].w += v[i][j].w;
+        }
       }
     }
-    return s;
   };
+  float4 s[kCols];
   if (!arrive(a.arrivals + group, count - 1)) return;
-  for (int c = 4 * tid; c < hidden; c += 4 * kThreads) {
-    const float4 s = sum_rows(first, count, c);
+  sum_rows(first, count, s);
+#pragma unroll
+  for (int j = 0; j < kCols; ++j) {
+    const int c = 4 * (tid + j * kThreads);
+    if (c >= hidden) continue;
     if (a.groups == 1) {
-      finish(c, s);
+      finish(c, s[j]);
     } else {
-      __stcg(reinterpret_cast<float4*>(a.partials + static_cast<long long>(items + group) * hidden + c), s);
+      __stcg(reinterpret_cast<float4*>(a.partials + static_cast<long long>(items + group) * hidden + c), s[j]);
     }
   }
   if (a.groups == 1 || !arrive(a.arrivals + a.groups, a.groups - 1)) return;
-  for (int c = 4 * tid; c < hidden; c += 4 * kThreads) finish(c, sum_rows(items, a.groups, c));
+  sum_rows(items, a.groups, s);
+#pragma unroll
+  for (int j = 0; j < kCols; ++j) {
+    const int c = 4 * (tid + j * kThreads);
+    if (c < hidden) finish(c, s[j]);
+  }
 }
 
 template <typename T>
@@ -444,7 +474,9 @@ ffi::ErrorOr<TokenFfnArgs> FfnArgs(ffi::AnyBuffer x, ffi::AnyBuffer w1, ffi::Any
 // Every output element is written: poison (NaN, -1) shows one that is not.
 ffi::Error Poison(cudaStream_t stream, std::initializer_list<std::pair<void*, size_t>> buffers) {
   if (!PoisonOutputs()) return ffi::Error::Success();
-  for (auto [p, bytes] : buffers) TE_ASYNC_CUDA(cudaMemsetAsync(p, 0xff, bytes, stream));
+  for (auto [p, bytes] : buffers) {
+    if (bytes > 0) TE_ASYNC_CUDA(cudaMemsetAsync(p, 0xff, bytes, stream));
+  }
   return ffi::Error::Success();
 }
 
@@ -545,7 +577,10 @@ ffi::Error TokenMoe(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer norm_s
                          experts->typed_data(),
                          a->arrivals,
                          a->groups + 1};
-  TE_ASYNC_RETURN_IF_ERROR(Poison(stream, {{out->untyped_data(), out->size_bytes()},
+  // With the residual, out may be x's own buffer (token_moe aliases them): it is written in place then.
+  const bool in_place = out->untyped_data() == x.untyped_data();
+  if (in_place && !residual) return bad("out may share x's buffer only with the residual");
+  TE_ASYNC_RETURN_IF_ERROR(Poison(stream, {{out->untyped_data(), in_place ? 0 : out->size_bytes()},
                                            {partials->untyped_data(), partials->size_bytes()},
                                            {weights->untyped_data(), weights->size_bytes()},
                                            {experts->untyped_data(), experts->size_bytes()}}));
