@@ -8,10 +8,9 @@ more GEMMs. Here every output unit u of an expert (gate column u, linear column 
 needs only the token, so the kernel gives each thread block a block of units of one expert and
 runs fc1, the activation and fc2 for it alone: one launch with no grid-wide barrier. Expert ids
 and routing weights are read on the GPU (from te_async.routing.route), so a step stays one CUDA
-graph. Each block writes its float32 partial of the output, and the kernel sums them itself, in a
-fixed order (the last block of each group of items adds the group, the last group adds the groups:
-csrc/cuda/token_ffn.cu), where an XLA reduction used to be a kernel of its own (2.0 us per layer in
-bench decode's profile). te_async.token_moe runs the same kernel behind the norm and the routing.
+graph. Each block writes its float32 partial of the output; the sum over blocks is an XLA reduction
+(a kernel of its own on an H200: 2.0 us per layer in bench decode's profile). te_async.token_moe
+runs the same kernel behind the norm and the routing.
 
 On an H200 (docs/benchmarks.md, table TF) it runs DeepSeek-V2-Lite's routed and shared experts at
 one token 1.31x faster than the four kernels it replaces (43.9 against 57.6 us per layer, with the
@@ -122,24 +121,12 @@ def _weights(routed, shared):
     return ([] if routed is None else [routed.w_fc1, routed.w_fc2]) + ([] if shared is None else [shared.w_gate_up, shared.w_down])
 
 
-def plan_group_items(items: int) -> int:
-    """Items per group of the kernel's in-kernel sum (csrc/cuda/token_ffn.cu, step 5): about the
-    square root of the items, so that the last group's sum and the sum of the groups read about as
-    many rows each."""
-    return max(1, math.isqrt(items - 1) + 1) if items > 1 else 1
-
-
 def plan_call(x: jax.Array, top_k: int, ffn: int, shared_ffn: int) -> tuple:
-    """(units per block, the workspace's shapes, items per group) of a call on x [1, H]."""
+    """(units per block, the kernel's output: float32 [items, H], each item's partial) of a call on x [1, H]."""
     # The fewest SMs of the local GPUs; without a GPU (the kernel's branch is traced, never run) any.
     sms = min(s for _, s in plan.local_gpu_kinds()) if _ffi.gpu_present() else 1
     units = plan_units(top_k, ffn, shared_ffn, x.shape[1], sms)
-    items = blocks(top_k, ffn, shared_ffn, units)
-    group_items = plan_group_items(items)
-    groups = -(-items // group_items)
-    workspace = (jax.ShapeDtypeStruct((items + groups, x.shape[1]), jnp.float32),
-                 jax.ShapeDtypeStruct((groups + 1,), jnp.int32))
-    return units, workspace, group_items
+    return units, jax.ShapeDtypeStruct((blocks(top_k, ffn, shared_ffn, units), x.shape[1]), jnp.float32)
 
 
 def _kernel(x, routed, shared):
@@ -152,10 +139,16 @@ def _kernel(x, routed, shared):
     w_gate_up, w_down, scale = ((jnp.zeros((h, 0), x.dtype), jnp.zeros((0, h), x.dtype), None) if shared is None
                                 else shared)
     scale = jnp.ones((1,), jnp.float32) if scale is None else scale.reshape(1).astype(jnp.float32)
-    units, workspace, group_items = plan_call(x, experts.shape[0], w_fc2.shape[1], w_down.shape[0])
-    y, _, _ = jax.ffi.ffi_call(TOKEN_FFN, (jax.ShapeDtypeStruct((1, h), x.dtype),) + workspace)(
-        x, w_fc1, w_fc2, experts, weights, w_gate_up, w_down, scale, units=units, group_items=group_items)
-    return y
+    units, out = plan_call(x, experts.shape[0], w_fc2.shape[1], w_down.shape[0])
+    partial = jax.ffi.ffi_call(TOKEN_FFN, out)(x, w_fc1, w_fc2, experts, weights, w_gate_up, w_down, scale, units=units)
+    return sum_partials(partial, x.dtype)
+
+
+def sum_partials(partial: jax.Array, dtype) -> jax.Array:
+    """The kernel's float32 partials [items, H] -> [1, H] in dtype: an XLA reduction (a sum inside
+    the kernel, by the last block of each group of items and then the last group, measured slower:
+    46.8 against 39.0 us per layer in the whole model's B=1 step, docs/benchmarks.md)."""
+    return partial.sum(axis=0, keepdims=True).astype(dtype)
 
 
 def _swiglu(x, w_gate_up, w_down):

@@ -1,22 +1,23 @@
-"""One token's whole MoE sub-layer in one call: x + moe(rmsnorm(x)), routing included
-(csrc/cuda/token_ffn.cu, te_async_token_moe).
+"""One token's MoE block in one call: moe(rmsnorm(x)), routing included, optionally plus the
+residual x (csrc/cuda/token_ffn.cu, te_async_token_moe).
 
 At decode batch 1 an MoE layer's plumbing costs as much as its experts: the norm, the router
 GEMM, the routing kernel, the experts' kernel, the sum over its blocks and the residual add were
-six kernels or more, each a few µs of fixed latency. Here they are two kernels in one FFI call:
-a one-block kernel normalises x, runs the router GEMM and picks the top-k; te_async.token_ffn's
-kernel, launched behind it as a programmatic dependent launch (compute capability 9.0 and up),
-normalises x itself, runs the shared experts' blocks while the routing runs, the routed blocks
-once it is done, and sums its blocks' partials (deterministically, in a fixed order) and adds
-the residual inside the kernel. Expert ids and weights stay on the GPU, so a step stays one CUDA
-graph.
+seven kernels, each a few µs of fixed latency. Here the norm, the router GEMM and the top-k are
+one kernel (a thread-block cluster of 8 blocks, each a slice of the router's rows), and
+te_async.token_ffn's kernel is launched behind it as a programmatic dependent launch (compute
+capability 9.0 and up): it normalises x itself and runs the shared experts' blocks while the
+routing runs, the routed blocks once it is done. Both are one FFI call; the sum over the blocks'
+partials and the residual add are XLA's. Expert ids and weights stay on the GPU, so a step stays
+one CUDA graph.
 
 The arithmetic is the unfused path's: the norm in float32 (Norm.round_first says which rounding,
-transformers' or te_async.mlp.normalize's), the router logits in float32, the routing of
-te_async.routing (softmax, group-limited top-k, renormalisation, scaling), token_ffn's experts,
-the sum rounded to x's dtype, then x + y rounded again. The kernels add in their own orders, so
-values may differ from the reference in the last bits and a near-tie in the router may go the
-other way. Gradients, if asked for, are those of _reference (a jax.custom_vjp): decode needs none.
+transformers' or te_async.mlp.normalize's), the router logits in float32 from the normalised x as
+rounded to x's dtype, the routing of te_async.routing (softmax, group-limited top-k,
+renormalisation, scaling), token_ffn's experts, the sum rounded to x's dtype, then x + y. The
+kernels add in their own orders, so values may differ from the reference in the last bits and a
+near-tie in the router may go the other way. Gradients, if asked for, are those of _reference (a
+jax.custom_vjp): decode needs none.
 """
 
 import functools
@@ -43,7 +44,7 @@ class Norm(NamedTuple):
 
 
 class Router(NamedTuple):
-    weight: jax.Array  # [H, E], x's dtype
+    weight: jax.Array  # [H, E], x's dtype or float32
     top_k: int
     renormalize: bool
     scaling: float = 1.0
@@ -70,7 +71,8 @@ def applies(x: jax.Array, norm: Norm, router: Router, w_fc1: jax.Array, w_fc2: j
     routed = token_ffn.Routed(jnp.zeros((1, router.top_k), jnp.int32), jnp.zeros((1, router.top_k)), w_fc1, w_fc2)
     e = router.weight.shape[-1]
     return (token_ffn.applies(x, routed, shared) and (shared is None or shared.scale is None)
-            and router.weight.dtype == x.dtype and router.weight.shape == (x.shape[1], e) and e % token_ffn.VEC == 0
+            and router.weight.dtype in (x.dtype, jnp.float32) and router.weight.shape == (x.shape[1], e)
+            and e % token_ffn.VEC == 0
             and kernel_applies(1, e, router.top_k, router.n_group) and norm.scale.shape == (x.shape[1],)
             and norm.scale.dtype in (x.dtype, jnp.float32))
 
@@ -92,46 +94,49 @@ def token_moe(x: jax.Array, norm: Norm, router: Router, w_fc1: jax.Array, w_fc2:
 
 
 def _normalize(x, scale, s: _Static):
-    if s.round_first:  # transformers' RMSNorm (te_async.models.norm)
+    if s.round_first:  # transformers' RMSNorm (te_async.models.norm), each rounding held
         xf = x.astype(jnp.float32)
-        y = (xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + s.eps)).astype(x.dtype)
-        return scale.astype(x.dtype) * y
+        y = _held(xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + s.eps), x.dtype)
+        return (_held(scale, x.dtype) * y).astype(x.dtype)
     return normalize(x, scale, None, "rmsnorm", s.eps)
 
 
 def _reference(x, scale, router, w_fc1, w_fc2, shared, s: _Static):
     xn = _normalize(x, scale, s)
-    logits = jnp.dot(_held(xn if s.reads_normed else x).astype(jnp.float32), router.astype(jnp.float32))
+    logits = jnp.dot(_held(xn if s.reads_normed else x, x.dtype), router.astype(jnp.float32))
     routing = route_reference(logits, s.top_k, renormalize=s.renormalize, scaling=s.scaling, n_group=s.n_group,
                               topk_group=s.topk_group)
     y = token_ffn.reference(xn, token_ffn.Routed(routing.experts, routing.weights, w_fc1, w_fc2), shared)
-    return (x + _held(y) if s.residual else y), routing.weights, routing.experts
+    return _finish(x, y, s.residual), routing.weights, routing.experts
 
 
-def _held(a):
-    """a, rounded to its dtype where XLA would otherwise keep a float32 value it computed in its
-    place (xla_allow_excess_precision): the kernels read the rounded values, as the unfused
-    model's arithmetic says."""
-    info = jnp.finfo(a.dtype)
-    return jax.lax.reduce_precision(a, info.nexp, info.nmant)
+def _finish(x, y, residual: bool):
+    """The block's output y rounded to x's dtype, plus x where residual (rounded again, as x + y
+    in x's dtype is)."""
+    y = _held(y, x.dtype)
+    return (x.astype(jnp.float32) + y if residual else y).astype(x.dtype)
+
+
+def _held(a, dtype):
+    """a's values as float32, rounded to dtype even where XLA kept a float32 value it computed in
+    a dtype value's place (xla_allow_excess_precision, which would drop a rounding between two
+    float32 operations): the kernels compute with the rounded values, as the model's arithmetic
+    says."""
+    info = jnp.finfo(dtype)
+    return jax.lax.reduce_precision(a.astype(jnp.float32), info.nexp, info.nmant)
 
 
 def _kernel(x, scale, router, w_fc1, w_fc2, shared, s: _Static):
     h = x.shape[1]
     w_gate_up, w_down = ((jnp.zeros((h, 0), x.dtype), jnp.zeros((0, h), x.dtype)) if shared is None
                          else (shared.w_gate_up, shared.w_down))
-    units, workspace, group_items = token_ffn.plan_call(x, s.top_k, w_fc2.shape[1], w_down.shape[0])
-    out = (jax.ShapeDtypeStruct((1, h), x.dtype), jax.ShapeDtypeStruct((1, s.top_k), jnp.float32),
-           jax.ShapeDtypeStruct((1, s.top_k), jnp.int32))
-    # With the residual, y takes x's buffer (x + y in place, as a decoder's residual stream is
-    # updated; XLA copies x first where it is still needed): every read of x precedes the one write
-    # of y, by the last block of the second kernel.
-    aliases = {0: 0} if s.residual else {}
-    y, weights, experts, _, _ = jax.ffi.ffi_call(TOKEN_MOE, out + workspace, input_output_aliases=aliases)(
-        x, scale, router, w_fc1, w_fc2, w_gate_up, w_down, units=units, group_items=group_items, top_k=s.top_k,
-        n_group=s.n_group, topk_group=s.topk_group, renormalize=s.renormalize, scaling=np.float32(s.scaling),
-        eps=np.float32(s.eps), round_first=s.round_first, router_reads_normed=s.reads_normed, residual=s.residual)
-    return y, weights, experts
+    units, out = token_ffn.plan_call(x, s.top_k, w_fc2.shape[1], w_down.shape[0])
+    routing = (jax.ShapeDtypeStruct((1, s.top_k), jnp.float32), jax.ShapeDtypeStruct((1, s.top_k), jnp.int32))
+    partial, weights, experts = jax.ffi.ffi_call(TOKEN_MOE, (out,) + routing)(
+        x, scale, router, w_fc1, w_fc2, w_gate_up, w_down, units=units, top_k=s.top_k, n_group=s.n_group,
+        topk_group=s.topk_group, renormalize=s.renormalize, scaling=np.float32(s.scaling), eps=np.float32(s.eps),
+        round_first=s.round_first, router_reads_normed=s.reads_normed)
+    return _finish(x, partial.sum(axis=0, keepdims=True), s.residual), weights, experts
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(6,))

@@ -59,13 +59,14 @@ def reference(x, norm, router, w_fc1, w_fc2, shared, residual):
 
 
 def make(rng, *, hidden, experts, ffn, top_k, shared_ffn=0, n_group=1, topk_group=1, renormalize=True, scaling=1.0,
-         round_first=True, reads_normed=True, scale_f32=False, dtype=jnp.bfloat16):
+         round_first=True, reads_normed=True, scale_f32=False, router_f32=False, dtype=jnp.bfloat16):
     normal = lambda *shape: rng.standard_normal(shape)
     x = jnp.asarray(3 * normal(1, hidden), dtype)  # not unit RMS: the norm must act
     norm = token_moe.Norm(jnp.asarray(1 + 0.3 * normal(hidden), jnp.float32 if scale_f32 else dtype), 1e-6,
                           round_first)
     # Router logits of a few units, so that the top-k is decided well above rounding.
-    router = token_moe.Router(jnp.asarray(4 * normal(hidden, experts) / np.sqrt(hidden), dtype), top_k, renormalize,
+    router_dtype = jnp.float32 if router_f32 else dtype  # the models keep routers in float32
+    router = token_moe.Router(jnp.asarray(4 * normal(hidden, experts) / np.sqrt(hidden), router_dtype), top_k, renormalize,
                               scaling, n_group, topk_group, reads_normed)
     w_fc1 = jnp.asarray(normal(experts, hidden, 2 * ffn) / np.sqrt(hidden), dtype)
     w_fc2 = jnp.asarray(normal(experts, ffn, hidden) / np.sqrt(ffn), dtype)
@@ -81,7 +82,7 @@ def make(rng, *, hidden, experts, ffn, top_k, shared_ffn=0, n_group=1, topk_grou
 # moe_block's conventions (router on x, the norm's scale multiplied in float32).
 CASES = [
     dict(hidden=256, experts=64, ffn=176, top_k=6, shared_ffn=352, n_group=8, topk_group=3, renormalize=False,
-         scaling=16.0),
+         scaling=16.0, router_f32=True),
     dict(hidden=512, experts=128, ffn=96, top_k=8),
     dict(hidden=4096, experts=8, ffn=64, top_k=2),
     dict(hidden=264, experts=16, ffn=1000, top_k=3, shared_ffn=24),
@@ -104,12 +105,12 @@ def run(args, residual=False, device=None):
     return fn(*arrays), fn.lower(*arrays).as_text()
 
 
-def check(got, want, dtype):
+def check(got, want, dtype, weights_rtol=1e-5):
     y, routing = got
     y64, experts, weights = want
     assert y.shape == y64.shape and y.dtype == dtype
     assert np.array_equal(np.asarray(routing.experts)[0], experts)
-    np.testing.assert_allclose(np.asarray(routing.weights)[0], weights, rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(routing.weights)[0], weights, rtol=weights_rtol)
     assert rel_error(y, y64) < TOL[dtype]
 
 
@@ -153,7 +154,9 @@ def test_kernels_against_float64(rng, case, dtype):
     assert token_moe.applies(*args)
     got, hlo = run(args)
     assert token_moe.TOKEN_MOE in hlo
-    check(got, reference(*args, residual=False), dtype)
+    # The kernel's rsqrtf may move the normalised x by an ulp of x's dtype here and there, and the
+    # router's logits with it (about 1e-3 of a weight): looser than the reference path's 1e-5.
+    check(got, reference(*args, residual=False), dtype, weights_rtol=5e-3)
     again, _ = run(args)  # deterministic: bit-identical
     assert np.array_equal(np.asarray(again[0]), np.asarray(got[0]))
     # The residual inside the kernel rounds as x + y in x's dtype does.

@@ -1,23 +1,22 @@
 // One token's SwiGLU feed-forward in one kernel: the routed experts it chose and the shared experts
-// (or a dense MLP), fc1, the activation, fc2 and the sum over experts together
-// (te_async/token_ffn.py). At one token per step a feed-forward's time is the read of its weights,
-// and every launch between its GEMMs costs fixed latency; here each output unit u of an expert
-// (gate column u, linear column u and row u of fc2) depends on nothing but x, so a block can run
-// fc1, the activation and fc2 of a block of units without waiting for any other block.
+// (or a dense MLP), fc1, the activation and fc2 together (te_async/token_ffn.py). At one token per
+// step a feed-forward's time is the read of its weights, and every launch between its GEMMs costs
+// fixed latency; here each output unit u of an expert (gate column u, linear column u and row u of
+// fc2) depends on nothing but x, so a block can run fc1, the activation and fc2 of a block of units
+// without waiting for any other block. There is no grid barrier, no workspace, no atomics.
 //
 // Two FFI calls:
 // - te_async_token_ffn: TokenFfnKernel alone, on an x that is already normalised, with the
 //   experts and weights of an earlier routing.
-// - te_async_token_moe: a decoder's whole MoE sub-layer for one token, x + moe(rmsnorm(x)):
+// - te_async_token_moe: a decoder's MoE block for one token, moe(rmsnorm(x)) routed in the call:
 //   RouteTokenKernel (the norm, the router GEMM with its rows split over a thread-block cluster
 //   of kRouteSlices blocks whose partial logits rank 0 adds in rank order, the top-k of
-//   route_top_k.cuh; one block below compute capability 9.0), then
-//   TokenFfnKernel, which normalises x itself (the same code, so the same values) and adds the
-//   residual. On compute capability 9.0 and up the second is a programmatic dependent launch:
-//   the first triggers it at once, so its blocks load x and the shared experts' blocks run while
-//   the routing runs; a routed block waits (cudaGridDependencySynchronize) before it reads its
-//   expert. Both kernels are in one call, so XLA captures them into one graph node, where the
-//   programmatic edge holds.
+//   route_top_k.cuh; one block below compute capability 9.0), then TokenFfnKernel, which
+//   normalises x itself (the same code, so the same values). On compute capability 9.0 and up
+//   the second is a programmatic dependent launch: the first triggers it at once, so its blocks
+//   load x and the shared experts' blocks run while the routing runs; a routed block waits
+//   (cudaGridDependencySynchronize) before it reads its expert. Both kernels are in one call, so
+//   XLA captures them into one graph node, where the programmatic edge holds.
 //
 // TokenFfnKernel. Work items: the units of each source (routed choice c of the top-k, then the
 // shared experts) cut into blocks of `units` (a multiple of 8, planned in Python:
@@ -30,17 +29,13 @@
 //      partial sums of each column are added in group order (deterministic).
 //   3. a[u] = silu(h_gate[u]) * h_lin[u], with h and a rounded to x's dtype as the unfused
 //      path rounds them (grouped_mlp: fc1 writes x's dtype; te_async.mlp.activate).
-//   4. fc2: rows u0 .. u0 + units of w_fc2 [F, H] (contiguous) times a, the same way; the item's
-//      f32 partial output, times the routing weight (or the shared scale), goes to its row of a
-//      workspace.
-//   5. The sum over items, deterministic and without a second kernel or a grid barrier: items
-//      come in groups of `group_items`; each item counts itself in its group's arrival counter
-//      (zeroed before the launch), and the last to arrive adds the group's rows in item order
-//      into a group row; the last group to finish adds the group rows in group order, rounds the
-//      sum to x's dtype, adds the residual if asked (rounding again, as x + y in x's dtype does)
-//      and writes out [H]. Nobody waits for anybody: no block spins, whatever the residency.
-// An expert id outside [0, E) cannot be raised inside a graph: that item's partial is NaN, so the
-// token's output is NaN.
+//   4. fc2: rows u0 .. u0 + units of w_fc2 [F, H] (contiguous) times a, the same way, and the
+//      item's f32 partial output, times the routing weight (or the shared scale), goes to
+//      out[i, :]. The caller sums out over items (an XLA reduction: a sum inside the kernel, by
+//      the last block of each group of items and then the last group, measured slower, 46.8
+//      against 39.0 us per layer in the whole model's B=1 step; docs/benchmarks.md).
+// An expert id outside [0, E) cannot be raised inside a graph: that item's row of out is NaN, so
+// the token's output is NaN.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cooperative_groups.h>
@@ -72,7 +67,7 @@ namespace ffi = xla::ffi;
 constexpr int kThreads = 256;
 constexpr int kBlocksPerSm = 2;  // measured as fast as one 512-thread block and faster than four (benchmarks.md, TF)
 constexpr int kRouteSlices = 8;  // RouteTokenKernel's cluster (the portable size): 32 KB of router each at E = 64, H = 2048
-constexpr int kVec = 8;           // 16-bit elements per 16-byte vector
+constexpr int kVec = 8;           // 16-bit elements per 16-byte vector (4 for a float32 router)
 constexpr int kUnroll = 8;        // loads in flight per thread
 constexpr int kNormLanes = 256;   // strided partial sums of x^2, in one order for both kernels
 constexpr int kMaxHidden = 4096;  // x in shared memory as f32, with the sums' scratch
@@ -95,24 +90,19 @@ struct TokenFfnArgs {
   const void* shared_w1;     // [H, 2Fs]
   const void* shared_w2;     // [Fs, H]
   const float* shared_scale; // [1], or nullptr: 1
-  float* partials;           // [items + groups, H]: each item's partial output, then each group's sum
-  int* arrivals;             // [groups + 1], zero at launch: items done per group, then groups done
-  void* out;                 // [H], x's dtype
-  bool residual;             // out = x + the sum, else the sum
-  int hidden, num_experts, top_k, ffn, shared_ffn, units, blocks_per_choice, group_items, groups;
+  float* out;                // [items, H]
+  int hidden, num_experts, top_k, ffn, shared_ffn, units, blocks_per_choice;
 };
 
 struct RouteTokenArgs {
   const void* x;             // [H]
   TokenNorm norm;
   bool router_reads_normed;  // the router reads norm(x), else x
-  const void* router;        // [H, E], x's dtype
+  const void* router;        // [H, E], x's dtype or float32
   TopKOptions top;
   int hidden;
   float* weights;            // [k]
   int32_t* experts;          // [k]
-  int* arrivals;             // TokenFfnKernel's counters, zeroed here
-  int arrival_count;
 };
 
 constexpr size_t FfnSharedBytes(int hidden, int units) {
@@ -179,21 +169,23 @@ __device__ void LoadToken(const T* x, int hidden, const TokenNorm& n, float* xs,
   __syncthreads();
 }
 
-// For each 16-byte column vector c < nvec (element offset column(c) in a row): the sum over
-// r < rows of coef[r] * w[r * ld + column(c) + j], j < 8, in f32, handed to store(c * 8 + j, sum).
-// Threads own one vector and every G-th row; the G partial sums are added in group order.
-template <typename T, int kBlock, typename Column, typename Store>
-__device__ __forceinline__ void WeightedRowSum(const T* __restrict__ w, long long ld, int rows,
+// For each 16-byte column vector c < nvec of w (V = 16 / sizeof(W) elements, at element offset
+// column(c) in a row): the sum over r < rows of coef[r] * w[r * ld + column(c) + j], j < V, in f32,
+// handed to store(c * V + j, sum). Threads own one vector and every G-th row; the G partial sums
+// are added in group order. scratch: kBlock * V floats.
+template <typename W, int kBlock, typename Column, typename Store>
+__device__ __forceinline__ void WeightedRowSum(const W* __restrict__ w, long long ld, int rows,
                                                const float* coef, int nvec, Column column, float* scratch,
                                                Store store) {
+  constexpr int V = Elem<W>::kVec;
   const int tid = threadIdx.x;
   for (int base = 0; base < nvec; base += kBlock) {
     const int width = min(kBlock, nvec - base);
     const int groups = kBlock / width;
     const int v = tid % width, g = tid / width;
     if (g < groups) {
-      float acc[kVec] = {};
-      const T* p = w + column(base + v);
+      float acc[V] = {};
+      const W* p = w + column(base + v);
       for (int r0 = g; r0 < rows; r0 += groups * kUnroll) {
         uint4 q[kUnroll];
 #pragma unroll
@@ -205,29 +197,30 @@ __device__ __forceinline__ void WeightedRowSum(const T* __restrict__ w, long lon
         for (int i = 0; i < kUnroll; ++i) {
           const int r = r0 + i * groups;
           if (r < rows) {
-            float f[kVec];
-            Unpack<T>(q[i], f);
+            float f[V];
+            Unpack<W>(q[i], f);
             const float c = coef[r];
 #pragma unroll
-            for (int j = 0; j < kVec; ++j) acc[j] = fmaf(c, f[j], acc[j]);
+            for (int j = 0; j < V; ++j) acc[j] = fmaf(c, f[j], acc[j]);
           }
         }
       }
 #pragma unroll
-      for (int j = 0; j < kVec; ++j) scratch[(g * width + v) * kVec + j] = acc[j];
+      for (int j = 0; j < V; ++j) scratch[(g * width + v) * V + j] = acc[j];
     }
     __syncthreads();
-    for (int c = tid; c < width * kVec; c += kBlock) {
+    for (int c = tid; c < width * V; c += kBlock) {
       float s = 0.f;
-      for (int gg = 0; gg < groups; ++gg) s += scratch[gg * width * kVec + c];
-      store(base * kVec + c, s);
+      for (int gg = 0; gg < groups; ++gg) s += scratch[gg * width * V + c];
+      store(base * V + c, s);
     }
     __syncthreads();
   }
 }
 
-template <typename T>
+template <typename T, typename W>
 __global__ void __launch_bounds__(kThreads) RouteTokenKernel(RouteTokenArgs a) {
+  constexpr int V = Elem<W>::kVec;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   cudaTriggerProgrammaticLaunchCompletion();  // TokenFfnKernel may start: it waits where it needs the routing
   namespace cg = cooperative_groups;
@@ -243,15 +236,12 @@ __global__ void __launch_bounds__(kThreads) RouteTokenKernel(RouteTokenArgs a) {
   float* scratch = lanes + kNormLanes + 1;   // [kThreads * kVec]
   const int tid = threadIdx.x;
   const int per = (a.hidden + slices - 1) / slices, r0 = min(a.hidden, rank * per), rows = min(per, a.hidden - r0);
-  const T* router = static_cast<const T*>(a.router) + static_cast<long long>(r0) * a.top.experts;
-  PrefetchL2<kThreads>(router, static_cast<long long>(rows) * a.top.experts * sizeof(T));  // while x is normalised
-  if (rank == 0) {
-    for (int i = tid; i < a.arrival_count; i += kThreads) a.arrivals[i] = 0;
-  }
+  const W* router = static_cast<const W*>(a.router) + static_cast<long long>(r0) * a.top.experts;
+  PrefetchL2<kThreads>(router, static_cast<long long>(rows) * a.top.experts * sizeof(W));  // while x is normalised
   LoadToken<T, kThreads>(static_cast<const T*>(a.x), a.hidden, a.router_reads_normed ? a.norm : TokenNorm{}, xs,
                          lanes);
-  WeightedRowSum<T, kThreads>(
-      router, a.top.experts, rows, xs + r0, a.top.experts / kVec, [](int c) { return static_cast<long long>(c) * kVec; },
+  WeightedRowSum<W, kThreads>(
+      router, a.top.experts, rows, xs + r0, a.top.experts / V, [](int c) { return static_cast<long long>(c) * V; },
       scratch, [=](int e, float s) { logits[e] = s; });
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   cluster.sync();  // every slice's partial logits are in its shared memory
@@ -275,79 +265,6 @@ __global__ void __launch_bounds__(kThreads) RouteTokenKernel(RouteTokenArgs a) {
   }
 }
 
-// Step 5: the caller's partial is in its row of a.partials; the last item of the group, then the
-// last group, add them up. flag: one int of shared memory.
-template <typename T, int kRows = 4, int kCols = kMaxHidden / (4 * kThreads)>
-__device__ void SumItems(const TokenFfnArgs& a, int item, int items, int* flag) {
-  const int tid = threadIdx.x, hidden = a.hidden;
-  const int group = item / a.group_items, first = group * a.group_items;
-  const int count = min(a.group_items, items - first);
-  auto arrive = [&](int* counter, int last) {
-    __threadfence();  // this block's rows are visible before its arrival is
-    __syncthreads();
-    if (tid == 0) *flag = atomicAdd(counter, 1) == last;
-    __syncthreads();
-    if (*flag) __threadfence();
-    return *flag != 0;
-  };
-  auto row = [&](int r, int c) { return __ldcg(reinterpret_cast<const float4*>(a.partials + static_cast<long long>(r) * hidden + c)); };
-  auto finish = [&](int c, float4 s) {
-    const float v[4] = {s.x, s.y, s.z, s.w};
-    T* out = static_cast<T*>(a.out);
-    const T* x = static_cast<const T*>(a.x);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      float y = Rounded<T>(v[j]);
-      if (a.residual) y += ToFloat<T>(x[c + j]);
-      out[c + j] = FromFloat<T>(y);
-    }
-  };
-  // For each of the thread's columns (c = 4 * (tid + j * kThreads) < H), the sum of rows
-  // [first, first + n) in row order, kRows rows of every column loaded at a time (all in flight).
-  auto sum_rows = [&](int first, int n, float4 (&s)[kCols]) {
-#pragma unroll
-    for (int j = 0; j < kCols; ++j) s[j] = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int r0 = 0; r0 < n; r0 += kRows) {
-      float4 v[kRows][kCols];
-#pragma unroll
-      for (int i = 0; i < kRows; ++i) {
-#pragma unroll
-        for (int j = 0; j < kCols; ++j) {
-          const int c = 4 * (tid + j * kThreads);
-          v[i][j] = r0 + i < n && c < hidden ? row(first + r0 + i, c) : make_float4(0.f, 0.f, 0.f, 0.f);
-        }
-      }
-#pragma unroll
-      for (int i = 0; i < kRows; ++i) {
-#pragma unroll
-        for (int j = 0; j < kCols; ++j) {
-          if (r0 + i < n) s[j].x += v[i][j].x, s[j].y += v[i][j].y, s[j].z += v[i][j].z, s[j].w += v[i][j].w;
-        }
-      }
-    }
-  };
-  float4 s[kCols];
-  if (!arrive(a.arrivals + group, count - 1)) return;
-  sum_rows(first, count, s);
-#pragma unroll
-  for (int j = 0; j < kCols; ++j) {
-    const int c = 4 * (tid + j * kThreads);
-    if (c >= hidden) continue;
-    if (a.groups == 1) {
-      finish(c, s[j]);
-    } else {
-      __stcg(reinterpret_cast<float4*>(a.partials + static_cast<long long>(items + group) * hidden + c), s[j]);
-    }
-  }
-  if (a.groups == 1 || !arrive(a.arrivals + a.groups, a.groups - 1)) return;
-  sum_rows(items, a.groups, s);
-#pragma unroll
-  for (int j = 0; j < kCols; ++j) {
-    const int c = 4 * (tid + j * kThreads);
-    if (c < hidden) finish(c, s[j]);
-  }
-}
-
 template <typename T>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm) TokenFfnKernel(TokenFfnArgs a) {
   extern __shared__ float smem[];
@@ -356,7 +273,6 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) TokenFfnKernel(TokenFf
   float* act = h + 2 * a.units;        // [units]
   float* lanes = act + a.units;        // [kNormLanes + 1]
   float* scratch = lanes + kNormLanes + 1;  // [kThreads * kVec]
-  __shared__ int flag;
   const int item = blockIdx.x, tid = threadIdx.x;
   const int routed_items = a.top_k * a.blocks_per_choice;
   const bool routed = item < routed_items;
@@ -364,13 +280,13 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) TokenFfnKernel(TokenFf
   const int ffn = routed ? a.ffn : a.shared_ffn;
   const int u0 = (routed ? item % a.blocks_per_choice : item - routed_items) * a.units;
   const int units = min(a.units, ffn - u0);
-  float* part = a.partials + static_cast<long long>(item) * a.hidden;
+  float* out = a.out + static_cast<long long>(item) * a.hidden;
   LoadToken<T, kThreads>(static_cast<const T*>(a.x), a.hidden, a.norm, xs, lanes);
   if (routed) WaitForRouting();  // its expert and weight
   const int expert = routed ? a.experts[choice] : 0;
   const float scale = routed ? a.weights[choice] : a.shared_scale == nullptr ? 1.f : *a.shared_scale;
   if (routed && (expert < 0 || expert >= a.num_experts)) {
-    for (int i = tid; i < a.hidden; i += kThreads) part[i] = NAN;
+    for (int i = tid; i < a.hidden; i += kThreads) out[i] = NAN;
   } else {
     const long long h2f = 2LL * a.hidden * ffn;
     const T* w1 = routed ? static_cast<const T*>(a.w1) + expert * h2f : static_cast<const T*>(a.shared_w1);
@@ -388,10 +304,8 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) TokenFfnKernel(TokenFf
     WeightedRowSum<T, kThreads>(
         w2 + static_cast<long long>(u0) * a.hidden, a.hidden, units, act, a.hidden / kVec,
         [](int c) { return static_cast<long long>(c) * kVec; }, scratch,
-        [=](int col, float s) { part[col] = scale * s; });
+        [=](int col, float s) { out[col] = scale * s; });
   }
-  if (!routed) WaitForRouting();  // the zeroed arrival counters
-  SumItems<T>(a, item, gridDim.x, &flag);
 }
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -401,12 +315,11 @@ bool HasDims(const ffi::AnyBuffer& b, std::initializer_list<int64_t> dims) {
   return d.size() == dims.size() && std::equal(dims.begin(), dims.end(), d.begin());
 }
 
-// The feed-forward's operands, checked, as TokenFfnKernel's arguments (norm and residual left to
-// the caller); `bad` words the error. k: the routed choices (0: none).
+// The feed-forward's operands, checked, as TokenFfnKernel's arguments (the norm left to the
+// caller); `bad` words the error. k: the routed choices (0: none).
 ffi::ErrorOr<TokenFfnArgs> FfnArgs(ffi::AnyBuffer x, ffi::AnyBuffer w1, ffi::AnyBuffer w2, int64_t k,
-                                   ffi::AnyBuffer shared_w1, ffi::AnyBuffer shared_w2, ffi::AnyBuffer partials,
-                                   ffi::AnyBuffer arrivals, ffi::AnyBuffer out, int64_t units, int64_t group_items,
-                                   const std::function<ffi::Error(const std::string&)>& bad) {
+                                   ffi::AnyBuffer shared_w1, ffi::AnyBuffer shared_w2, ffi::AnyBuffer out,
+                                   int64_t units, const std::function<ffi::Error(const std::string&)>& bad) {
   auto fail = [&](const std::string& why) { return ffi::Unexpected(bad(why)); };
   const auto xd = x.dimensions(), d1 = w1.dimensions(), d2 = w2.dimensions();
   const auto s1 = shared_w1.dimensions(), s2 = shared_w2.dimensions();
@@ -435,17 +348,10 @@ ffi::ErrorOr<TokenFfnArgs> FfnArgs(ffi::AnyBuffer x, ffi::AnyBuffer w1, ffi::Any
   const int64_t per_choice = k > 0 ? CeilDiv(ffn, units) : 0;
   const int64_t items = k * per_choice + CeilDiv(shared_ffn, units);
   if (items < 1) return fail("nothing to compute: no routed choices and no shared experts");
-  if (group_items < 1 || group_items > items) {
-    return fail("group_items must be in [1, " + std::to_string(items) + "], got " + std::to_string(group_items));
+  if (out.element_type() != ffi::DataType::F32 || !HasDims(out, {items, hidden})) {
+    return fail("out must be float32 [items, H] with items = k * ceil(F / units) + ceil(Fs / units) = " +
+                std::to_string(items));
   }
-  const int64_t groups = CeilDiv(items, group_items);
-  if (partials.element_type() != ffi::DataType::F32 || !HasDims(partials, {items + groups, hidden}) ||
-      arrivals.element_type() != ffi::DataType::S32 || !HasDims(arrivals, {groups + 1})) {
-    return fail("the workspace must be float32 [items + groups, H] and int32 [groups + 1] with items = k * ceil(F / "
-                "units) + ceil(Fs / units) = " + std::to_string(items) + ", groups = ceil(items / group_items) = " +
-                std::to_string(groups));
-  }
-  if (out.element_type() != type || !HasDims(out, {1, hidden})) return fail("out must be [1, H] in x's dtype");
   for (const void* p : {x.untyped_data(), w1.untyped_data(), w2.untyped_data(), shared_w1.untyped_data(),
                         shared_w2.untyped_data()}) {
     if (!Aligned16(p)) return fail("operands must be 16-byte aligned");
@@ -456,9 +362,7 @@ ffi::ErrorOr<TokenFfnArgs> FfnArgs(ffi::AnyBuffer x, ffi::AnyBuffer w1, ffi::Any
   a.w2 = w2.untyped_data();
   a.shared_w1 = shared_w1.untyped_data();
   a.shared_w2 = shared_w2.untyped_data();
-  a.partials = static_cast<float*>(partials.untyped_data());
-  a.arrivals = static_cast<int*>(arrivals.untyped_data());
-  a.out = out.untyped_data();
+  a.out = static_cast<float*>(out.untyped_data());
   a.hidden = static_cast<int>(hidden);
   a.num_experts = static_cast<int>(num_experts);
   a.top_k = static_cast<int>(k);
@@ -466,17 +370,13 @@ ffi::ErrorOr<TokenFfnArgs> FfnArgs(ffi::AnyBuffer x, ffi::AnyBuffer w1, ffi::Any
   a.shared_ffn = static_cast<int>(shared_ffn);
   a.units = static_cast<int>(units);
   a.blocks_per_choice = static_cast<int>(per_choice);
-  a.group_items = static_cast<int>(group_items);
-  a.groups = static_cast<int>(groups);
   return a;
 }
 
 // Every output element is written: poison (NaN, -1) shows one that is not.
 ffi::Error Poison(cudaStream_t stream, std::initializer_list<std::pair<void*, size_t>> buffers) {
   if (!PoisonOutputs()) return ffi::Error::Success();
-  for (auto [p, bytes] : buffers) {
-    if (bytes > 0) TE_ASYNC_CUDA(cudaMemsetAsync(p, 0xff, bytes, stream));
-  }
+  for (auto [p, bytes] : buffers) TE_ASYNC_CUDA(cudaMemsetAsync(p, 0xff, bytes, stream));
   return ffi::Error::Success();
 }
 
@@ -502,8 +402,7 @@ ffi::Error LaunchFfn(const TokenFfnArgs& a, ffi::DataType type, bool after_routi
 ffi::Error TokenFfn(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer w1, ffi::AnyBuffer w2,
                     ffi::Buffer<ffi::S32> experts, ffi::Buffer<ffi::F32> weights, ffi::AnyBuffer shared_w1,
                     ffi::AnyBuffer shared_w2, ffi::Buffer<ffi::F32> shared_scale, ffi::Result<ffi::AnyBuffer> out,
-                    ffi::Result<ffi::AnyBuffer> partials, ffi::Result<ffi::AnyBuffer> arrivals, int64_t units,
-                    int64_t group_items) {
+                    int64_t units) {
   auto bad = [&](const std::string& what) {
     return ffi::Error::InvalidArgument("te_async token_ffn: " + what + " (x " + Dims(x) + ", w_fc1 " + Dims(w1) +
                                        ", w_fc2 " + Dims(w2) + ", shared w_gate_up " + Dims(shared_w1) +
@@ -512,31 +411,47 @@ ffi::Error TokenFfn(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer w1, ff
   const int64_t k = experts.element_count();
   if (weights.element_count() != k) return bad("experts and weights must have k entries");
   if (shared_scale.element_count() != 1) return bad("shared_scale must have one entry");
-  auto a = FfnArgs(x, w1, w2, k, shared_w1, shared_w2, *partials, *arrivals, *out, units, group_items, bad);
+  auto a = FfnArgs(x, w1, w2, k, shared_w1, shared_w2, *out, units, bad);
   if (a.has_error()) return a.error();
   a->experts = experts.typed_data();
   a->weights = weights.typed_data();
   a->shared_scale = shared_scale.typed_data();
-  TE_ASYNC_RETURN_IF_ERROR(Poison(stream, {{out->untyped_data(), out->size_bytes()},
-                                           {partials->untyped_data(), partials->size_bytes()}}));
-  TE_ASYNC_CUDA(cudaMemsetAsync(arrivals->untyped_data(), 0, arrivals->size_bytes(), stream));
+  TE_ASYNC_RETURN_IF_ERROR(Poison(stream, {{out->untyped_data(), out->size_bytes()}}));
   return LaunchFfn(*a, x.element_type(), false, stream);
+}
+
+template <typename T>
+ffi::Error LaunchRoute(const RouteTokenArgs& r, bool router_f32, bool hopper, size_t smem, cudaStream_t stream) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(hopper ? kRouteSlices : 1);
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = kRouteSlices;
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  config.attrs = &attr;
+  config.numAttrs = hopper ? 1 : 0;
+  const cudaError_t status = router_f32 ? cudaLaunchKernelEx(&config, RouteTokenKernel<T, float>, r)
+                                        : cudaLaunchKernelEx(&config, RouteTokenKernel<T, T>, r);
+  return CudaStatus(status, "launch of RouteTokenKernel");
 }
 
 ffi::Error TokenMoe(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer norm_scale, ffi::AnyBuffer router,
                     ffi::AnyBuffer w1, ffi::AnyBuffer w2, ffi::AnyBuffer shared_w1, ffi::AnyBuffer shared_w2,
                     ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::Buffer<ffi::F32>> weights,
-                    ffi::Result<ffi::Buffer<ffi::S32>> experts, ffi::Result<ffi::AnyBuffer> partials,
-                    ffi::Result<ffi::AnyBuffer> arrivals, int64_t units, int64_t group_items, int64_t top_k,
-                    int64_t n_group, int64_t topk_group, bool renormalize, float scaling, float eps, bool round_first,
-                    bool router_reads_normed, bool residual) {
+                    ffi::Result<ffi::Buffer<ffi::S32>> experts, int64_t units, int64_t top_k, int64_t n_group,
+                    int64_t topk_group, bool renormalize, float scaling, float eps, bool round_first,
+                    bool router_reads_normed) {
   auto bad = [&](const std::string& what) {
     return ffi::Error::InvalidArgument("te_async token_moe: " + what + " (x " + Dims(x) + ", norm scale " +
                                        Dims(norm_scale) + ", router " + Dims(router) + ", w_fc1 " + Dims(w1) +
                                        ", w_fc2 " + Dims(w2) + ", shared w_gate_up " + Dims(shared_w1) +
                                        ", shared w_down " + Dims(shared_w2) + ")");
   };
-  auto a = FfnArgs(x, w1, w2, top_k, shared_w1, shared_w2, *partials, *arrivals, *out, units, group_items, bad);
+  auto a = FfnArgs(x, w1, w2, top_k, shared_w1, shared_w2, *out, units, bad);
   if (a.has_error()) return a.error();
   const int64_t hidden = a->hidden, num_experts = a->num_experts;
   if (num_experts < 1 || num_experts > kRouteMaxExperts || num_experts % kVec != 0) {
@@ -546,8 +461,9 @@ ffi::Error TokenMoe(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer norm_s
   if (n_group < 1 || n_group > 32 || num_experts % n_group != 0 || topk_group < 1 || topk_group > n_group) {
     return bad("n_group must divide E and be at most 32, 1 <= topk_group <= n_group");
   }
-  if (!HasDims(router, {hidden, num_experts}) || router.element_type() != x.element_type()) {
-    return bad("router must be [H, E] in x's dtype");
+  const auto router_type = router.element_type();
+  if (!HasDims(router, {hidden, num_experts}) || (router_type != x.element_type() && router_type != ffi::DataType::F32)) {
+    return bad("router must be [H, E], float32 or x's dtype");
   }
   const auto scale_type = norm_scale.element_type();
   if (!HasDims(norm_scale, {hidden}) || (scale_type != x.element_type() && scale_type != ffi::DataType::F32)) {
@@ -562,7 +478,6 @@ ffi::Error TokenMoe(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer norm_s
   if (!Aligned16(router.untyped_data())) return bad("operands must be 16-byte aligned");
   const TokenNorm norm{norm_scale.untyped_data(), scale_type == ffi::DataType::F32, round_first, eps};
   a->norm = norm;
-  a->residual = residual;
   a->experts = experts->typed_data();
   a->weights = weights->typed_data();
   a->shared_scale = nullptr;
@@ -574,36 +489,19 @@ ffi::Error TokenMoe(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer norm_s
                                      static_cast<int>(topk_group), renormalize, scaling},
                          static_cast<int>(hidden),
                          weights->typed_data(),
-                         experts->typed_data(),
-                         a->arrivals,
-                         a->groups + 1};
-  // With the residual, out may be x's own buffer (token_moe aliases them): it is written in place then.
-  const bool in_place = out->untyped_data() == x.untyped_data();
-  if (in_place && !residual) return bad("out may share x's buffer only with the residual");
-  TE_ASYNC_RETURN_IF_ERROR(Poison(stream, {{out->untyped_data(), in_place ? 0 : out->size_bytes()},
-                                           {partials->untyped_data(), partials->size_bytes()},
+                         experts->typed_data()};
+  TE_ASYNC_RETURN_IF_ERROR(Poison(stream, {{out->untyped_data(), out->size_bytes()},
                                            {weights->untyped_data(), weights->size_bytes()},
                                            {experts->untyped_data(), experts->size_bytes()}}));
   int device = 0;
   TE_ASYNC_CUDA(cudaGetDevice(&device));
   auto info = QueryDevice(device);
   if (info.has_error()) return info.error();
+  const bool hopper = info->compute_capability >= 90, router_f32 = router_type == ffi::DataType::F32;
   const size_t smem = RouteSharedBytes(static_cast<int>(hidden), static_cast<int>(num_experts));
-  const bool hopper = info->compute_capability >= 90;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(hopper ? kRouteSlices : 1);
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  cudaLaunchAttribute attr;
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = kRouteSlices;
-  attr.val.clusterDim.y = 1;
-  attr.val.clusterDim.z = 1;
-  config.attrs = &attr;
-  config.numAttrs = hopper ? 1 : 0;
-  TE_ASYNC_CUDA(x.element_type() == ffi::DataType::BF16 ? cudaLaunchKernelEx(&config, RouteTokenKernel<__nv_bfloat16>, r)
-                                                        : cudaLaunchKernelEx(&config, RouteTokenKernel<__half>, r));
+  TE_ASYNC_RETURN_IF_ERROR(x.element_type() == ffi::DataType::BF16
+                               ? LaunchRoute<__nv_bfloat16>(r, router_f32, hopper, smem, stream)
+                               : LaunchRoute<__half>(r, router_f32, hopper, smem, stream));
   return LaunchFfn(*a, x.element_type(), hopper, stream);
 }
 
@@ -624,10 +522,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(kTokenFfnCuda, TokenFfn,
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Attr<int64_t>("units")
-                                  .Attr<int64_t>("group_items"),
+                                  .Attr<int64_t>("units"),
                               {ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(kTokenMoeCuda, TokenMoe,
@@ -643,10 +538,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(kTokenMoeCuda, TokenMoe,
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::S32>>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
                                   .Attr<int64_t>("units")
-                                  .Attr<int64_t>("group_items")
                                   .Attr<int64_t>("top_k")
                                   .Attr<int64_t>("n_group")
                                   .Attr<int64_t>("topk_group")
@@ -654,8 +546,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(kTokenMoeCuda, TokenMoe,
                                   .Attr<float>("scaling")
                                   .Attr<float>("eps")
                                   .Attr<bool>("round_first")
-                                  .Attr<bool>("router_reads_normed")
-                                  .Attr<bool>("residual"),
+                                  .Attr<bool>("router_reads_normed"),
                               {ffi::Traits::kCmdBufferCompatible});
 
 }  // namespace te_async
