@@ -38,8 +38,8 @@ def moe_block(
     residual: bool = False,
 ) -> jax.Array:
     """y = sum_k w_k * expert_k(norm(x)) for x [T, H]; router [H, E]; expert weights as grouped_mlp.
-    residual=True returns x + y (a decoder's residual connection, added inside the kernel where
-    the one-token path below runs).
+    residual=True returns x + y (a decoder's residual connection; on the one-token path below XLA
+    adds it in the fusion that converts token_moe's sum).
 
     early_copy=False leaves the async copy to grouped_mlp itself (issued after the permutation),
     which the benchmarks use to show what issuing it early buys. In device mode with one token per

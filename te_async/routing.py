@@ -83,7 +83,11 @@ def _check(logits, top_k, n_group, topk_group, kernel):
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
     if logits.ndim != 2:
         raise ValueError(f"logits must be [T, E], got shape {logits.shape}")
-    e = logits.shape[1]
+    check_options(logits.shape[1], top_k, n_group, topk_group)
+
+
+def check_options(e: int, top_k: int, n_group: int, topk_group: int) -> None:
+    """The routing options' errors for E experts (route(), te_async.token_moe)."""
     if not 1 <= top_k <= e:
         raise ValueError(f"top_k must be in [1, {e}] for {e} experts, got {top_k}")
     if n_group < 1 or e % n_group or not 1 <= topk_group <= n_group:

@@ -9,8 +9,10 @@ needs only the token, so the kernel gives each thread block a block of units of 
 runs fc1, the activation and fc2 for it alone: one launch with no grid-wide barrier. Expert ids
 and routing weights are read on the GPU (from te_async.routing.route), so a step stays one CUDA
 graph. Each block writes its float32 partial of the output; the sum over blocks is an XLA reduction
-(a kernel of its own on an H200: 2.0 us per layer in bench decode's profile). te_async.token_moe
-runs the same kernel behind the norm and the routing.
+(a kernel of its own on an H200: 2.0 us per layer in bench decode's profile; a sum inside the
+kernel, by the last block of each group of items and then the last group, measured slower: 46.8
+against 39.0 us per layer in the whole model's B=1 step, docs/benchmarks.md, table TM).
+te_async.token_moe runs the same kernel behind the norm and the routing.
 
 On an H200 (docs/benchmarks.md, table TF) it runs DeepSeek-V2-Lite's routed and shared experts at
 one token 1.31x faster than the four kernels it replaces (43.9 against 57.6 us per layer, with the
@@ -141,14 +143,7 @@ def _kernel(x, routed, shared):
     scale = jnp.ones((1,), jnp.float32) if scale is None else scale.reshape(1).astype(jnp.float32)
     units, out = plan_call(x, experts.shape[0], w_fc2.shape[1], w_down.shape[0])
     partial = jax.ffi.ffi_call(TOKEN_FFN, out)(x, w_fc1, w_fc2, experts, weights, w_gate_up, w_down, scale, units=units)
-    return sum_partials(partial, x.dtype)
-
-
-def sum_partials(partial: jax.Array, dtype) -> jax.Array:
-    """The kernel's float32 partials [items, H] -> [1, H] in dtype: an XLA reduction (a sum inside
-    the kernel, by the last block of each group of items and then the last group, measured slower:
-    46.8 against 39.0 us per layer in the whole model's B=1 step, docs/benchmarks.md)."""
-    return partial.sum(axis=0, keepdims=True).astype(dtype)
+    return partial.sum(axis=0, keepdims=True).astype(x.dtype)
 
 
 def _swiglu(x, w_gate_up, w_down):

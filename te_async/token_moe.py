@@ -29,7 +29,7 @@ import numpy as np
 
 from . import token_ffn
 from .mlp import normalize
-from .routing import Routing, kernel_applies, route_reference
+from .routing import Routing, check_options, kernel_applies, route_reference
 
 TOKEN_MOE = "te_async_token_moe"
 
@@ -68,7 +68,7 @@ class _Static(NamedTuple):
 def applies(x: jax.Array, norm: Norm, router: Router, w_fc1: jax.Array, w_fc2: jax.Array,
             shared: Optional[token_ffn.Shared] = None) -> bool:
     """Whether token_moe runs the kernels for these operands (else callers keep their own path)."""
-    routed = token_ffn.Routed(jnp.zeros((1, router.top_k), jnp.int32), jnp.zeros((1, router.top_k)), w_fc1, w_fc2)
+    routed = token_ffn.Routed(None, None, w_fc1, w_fc2)  # applies() reads the weights alone
     e = router.weight.shape[-1]
     return (token_ffn.applies(x, routed, shared) and (shared is None or shared.scale is None)
             and router.weight.dtype in (x.dtype, jnp.float32) and router.weight.shape == (x.shape[1], e)
@@ -86,6 +86,9 @@ def token_moe(x: jax.Array, norm: Norm, router: Router, w_fc1: jax.Array, w_fc2:
         raise ValueError(f"x must be [1, H] (one token), got {x.shape}")
     if shared is not None and shared.scale is not None:
         raise ValueError("token_moe takes shared experts without a gate (Shared.scale must be None)")
+    if router.weight.ndim != 2 or router.weight.shape[0] != x.shape[1]:
+        raise ValueError(f"the router must be [H, E] for H = {x.shape[1]}, got {router.weight.shape}")
+    check_options(router.weight.shape[1], router.top_k, router.n_group, router.topk_group)
     static = _Static(float(norm.eps), bool(norm.round_first), int(router.top_k), bool(router.renormalize),
                      float(router.scaling), int(router.n_group), int(router.topk_group), bool(router.reads_normed),
                      bool(residual))

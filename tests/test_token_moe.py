@@ -131,6 +131,12 @@ def test_errors(rng):
         token_moe.token_moe(jnp.concatenate([x, x]), norm, router, w_fc1, w_fc2)
     with pytest.raises(ValueError, match="without a gate"):
         token_moe.token_moe(x, norm, router, w_fc1, w_fc2, shared._replace(scale=jnp.ones((1,), jnp.float32)))
+    with pytest.raises(ValueError, match=r"\[H, E\]"):
+        token_moe.token_moe(x, norm, router._replace(weight=router.weight[1:]), w_fc1, w_fc2)
+    with pytest.raises(ValueError, match="top_k"):
+        token_moe.token_moe(x, norm, router._replace(top_k=9), w_fc1, w_fc2)
+    with pytest.raises(ValueError, match="n_group must divide"):
+        token_moe.token_moe(x, norm, router._replace(n_group=3), w_fc1, w_fc2)
     assert not token_moe.applies(x.astype(jnp.float32), norm, router, w_fc1, w_fc2)
 
 

@@ -1,10 +1,13 @@
 """The MoE block of a decoder layer: route, sort the tokens by expert, run the routed experts
 (te_async.grouped_mlp, or jax.lax.ragged_dot for comparison), combine, add the shared experts.
 
-experts="te_async" in device mode with one token per step runs the routed and the shared experts in
-one kernel (te_async.token_ffn, where it applies: bf16/f16, H <= 4096), else the routed experts
-fused with the permutation and the combine (te_async.decode_moe.fuses); "te_async_unfused" never
-fuses, for comparison. Routing is te_async.routing.route (one CUDA kernel at decode sizes) in every case.
+moe_sublayer is the decoder's whole MoE sub-layer, x + moe_block(rms_norm(x)). experts="te_async"
+in device mode with one token per step runs all of it as te_async.token_moe (the norm, the router,
+the routing and the routed and shared experts in one call of two kernels, where it applies: 16-bit,
+H <= 4096, up to 256 experts, no shared-expert gate), else moe_block runs the routed and the
+shared experts in one kernel (te_async.token_ffn), else the routed experts fused with the
+permutation and the combine (te_async.decode_moe.fuses); "te_async_unfused" never fuses, for
+comparison. Routing is otherwise te_async.routing.route (one CUDA kernel at decode sizes).
 
 Async mode issues te_async.copy_group_sizes right after routing, then the work that does not need
 the sizes (the shared experts and the token permutation), then the grouped GEMMs, whose launch
