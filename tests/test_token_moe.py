@@ -182,3 +182,29 @@ def test_moe_block_takes_token_moe(rng):
     assert hlo.count(token_moe.TOKEN_MOE) == 1 and "te_async_route" not in hlo and "dot_general" not in hlo
     fused, unfused = (np.asarray(jax.jit(lambda x, f=f: block(x, f))(x), np.float32) for f in (True, False))
     assert rel_error(fused - np.asarray(x, np.float32), unfused - np.asarray(x, np.float32)) < TOL[jnp.bfloat16]
+
+
+@pytest.mark.gpu
+def test_models_moe_sublayer_takes_token_moe():
+    """A bf16 DeepSeek-V2 layer (float32 router, group-limited top-k, routed scaling, a shared
+    expert) at one token in device mode: the MoE sub-layer is one token_moe call, and it matches the
+    unfused sub-layer (x + moe_block(rms_norm(x))) within bf16 rounding, with the same experts."""
+    from te_async.models.moe_layer import moe_sublayer
+    from test_models import random_params, tiny
+    import te_async.models as models
+
+    config = tiny("deepseek_v2")
+    params = random_params(config)
+    layer = next(layer for layer in models.per_layer(params["layers"]) if "moe" in layer)
+    to_bf16 = lambda path, a: a if path[-1].key == "router" else a.astype(jnp.bfloat16)
+    p = jax.tree_util.tree_map_with_path(to_bf16, layer["moe"])
+    norm = layer["mlp_norm"].astype(jnp.bfloat16)
+    x = jnp.asarray(np.random.default_rng(5).standard_normal((1, 1, config.hidden_size)), jnp.bfloat16)
+    sub = lambda experts: jax.jit(lambda p, norm, x: moe_sublayer(p, norm, config, x, group_sizes_mode="device",
+                                                                  experts=experts, return_routing=True))
+    hlo = sub("te_async").lower(p, norm, x).as_text()
+    assert hlo.count(token_moe.TOKEN_MOE) == 1 and "te_async_route" not in hlo
+    (y, chosen), (y_ref, chosen_ref) = sub("te_async")(p, norm, x), sub("te_async_unfused")(p, norm, x)
+    assert np.array_equal(np.asarray(chosen), np.asarray(chosen_ref))
+    x32 = np.asarray(x, np.float32)
+    assert rel_error(np.asarray(y, np.float32) - x32, np.asarray(y_ref, np.float32) - x32) < TOL[jnp.bfloat16]
