@@ -118,16 +118,6 @@ __device__ __forceinline__ float Rounded(float v) {
   return ToFloat<T>(FromFloat<T>(v));
 }
 
-// Asks for bytes [p, p + bytes) in L2, 128-byte lines spread over the block's threads, so that
-// the loads that follow find them there.
-template <int kBlock>
-__device__ __forceinline__ void PrefetchL2(const void* p, long long bytes) {
-  const char* c = static_cast<const char*>(p);
-  for (long long o = 128LL * threadIdx.x; o < bytes; o += 128LL * kBlock) {
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(c + o));
-  }
-}
-
 __device__ __forceinline__ void WaitForRouting() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   cudaGridDependencySynchronize();  // returns at once where the launch has no programmatic dependency
@@ -142,7 +132,6 @@ template <typename T, int kBlock>
 __device__ void LoadToken(const T* x, int hidden, const TokenNorm& n, float* xs, float* lanes) {
   static_assert(kBlock >= kNormLanes, "one thread per norm lane");
   const int tid = threadIdx.x;
-  if (n.scale != nullptr) PrefetchL2<kBlock>(n.scale, static_cast<long long>(hidden) * (n.scale_f32 ? 4 : sizeof(T)));
   for (int i = tid; i < hidden; i += kBlock) xs[i] = ToFloat<T>(x[i]);
   __syncthreads();
   if (n.scale == nullptr) return;
@@ -237,7 +226,6 @@ __global__ void __launch_bounds__(kThreads) RouteTokenKernel(RouteTokenArgs a) {
   const int tid = threadIdx.x;
   const int per = (a.hidden + slices - 1) / slices, r0 = min(a.hidden, rank * per), rows = min(per, a.hidden - r0);
   const W* router = static_cast<const W*>(a.router) + static_cast<long long>(r0) * a.top.experts;
-  PrefetchL2<kThreads>(router, static_cast<long long>(rows) * a.top.experts * sizeof(W));  // while x is normalised
   LoadToken<T, kThreads>(static_cast<const T*>(a.x), a.hidden, a.router_reads_normed ? a.norm : TokenNorm{}, xs,
                          lanes);
   WeightedRowSum<W, kThreads>(
@@ -287,25 +275,25 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) TokenFfnKernel(TokenFf
   const float scale = routed ? a.weights[choice] : a.shared_scale == nullptr ? 1.f : *a.shared_scale;
   if (routed && (expert < 0 || expert >= a.num_experts)) {
     for (int i = tid; i < a.hidden; i += kThreads) out[i] = NAN;
-  } else {
-    const long long h2f = 2LL * a.hidden * ffn;
-    const T* w1 = routed ? static_cast<const T*>(a.w1) + expert * h2f : static_cast<const T*>(a.shared_w1);
-    const T* w2 = routed ? static_cast<const T*>(a.w2) + expert * (h2f / 2) : static_cast<const T*>(a.shared_w2);
-    const int half = units / kVec;  // vectors of gate (and of linear) columns per row
-    WeightedRowSum<T, kThreads>(
-        w1, 2LL * ffn, a.hidden, xs, 2 * half,
-        [=](int c) { return static_cast<long long>(u0) + (c < half ? c * kVec : ffn + (c - half) * kVec); }, scratch,
-        [=](int col, float s) { h[col] = s; });
-    for (int u = tid; u < units; u += kThreads) {
-      const float gate = Rounded<T>(h[u]), lin = Rounded<T>(h[units + u]);
-      act[u] = Rounded<T>(gate / (1.f + expf(-gate)) * lin);
-    }
-    __syncthreads();
-    WeightedRowSum<T, kThreads>(
-        w2 + static_cast<long long>(u0) * a.hidden, a.hidden, units, act, a.hidden / kVec,
-        [](int c) { return static_cast<long long>(c) * kVec; }, scratch,
-        [=](int col, float s) { out[col] = scale * s; });
+    return;
   }
+  const long long h2f = 2LL * a.hidden * ffn;
+  const T* w1 = routed ? static_cast<const T*>(a.w1) + expert * h2f : static_cast<const T*>(a.shared_w1);
+  const T* w2 = routed ? static_cast<const T*>(a.w2) + expert * (h2f / 2) : static_cast<const T*>(a.shared_w2);
+  const int half = units / kVec;  // vectors of gate (and of linear) columns per row
+  WeightedRowSum<T, kThreads>(
+      w1, 2LL * ffn, a.hidden, xs, 2 * half,
+      [=](int c) { return static_cast<long long>(u0) + (c < half ? c * kVec : ffn + (c - half) * kVec); }, scratch,
+      [=](int col, float s) { h[col] = s; });
+  for (int u = tid; u < units; u += kThreads) {
+    const float gate = Rounded<T>(h[u]), lin = Rounded<T>(h[units + u]);
+    act[u] = Rounded<T>(gate / (1.f + expf(-gate)) * lin);
+  }
+  __syncthreads();
+  WeightedRowSum<T, kThreads>(
+      w2 + static_cast<long long>(u0) * a.hidden, a.hidden, units, act, a.hidden / kVec,
+      [](int c) { return static_cast<long long>(c) * kVec; }, scratch,
+      [=](int col, float s) { out[col] = scale * s; });
 }
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
