@@ -36,7 +36,7 @@ from ..mlp import activate, grouped_mlp, resolve_mlp_mode
 from ..routing import combine
 from .ffn import swiglu_mlp
 from .norm import rms_norm
-from .routing import route
+from .routing import route, top_k_options
 
 EXPERTS = ("te_async", "te_async_unfused", "ragged_dot")
 
@@ -65,8 +65,7 @@ def moe_block(p: dict, cfg, x: jax.Array, *, group_sizes_mode: Optional[str], ex
         routing, dispatch = route(x, p["router"], cfg)
     handle = mode = None
     if experts != "ragged_dot":
-        mode = resolve_mlp_mode(group_sizes_mode, False, None, groups=cfg.num_experts,
-                                rows=x.shape[0] * cfg.num_experts_per_tok, w_fc1=p["w_fc1"], w_fc2=p["w_fc2"])
+        mode = _mode(p, cfg, x.shape[0], group_sizes_mode)
         if mode == "async":
             handle = copy_group_sizes(dispatch.group_sizes)
             handle, x = jax.lax.optimization_barrier((handle, x))
@@ -104,6 +103,12 @@ def moe_block(p: dict, cfg, x: jax.Array, *, group_sizes_mode: Optional[str], ex
     return _finish(y, shared, shape, routing, return_routing)
 
 
+def _mode(p: dict, cfg, tokens: int, group_sizes_mode: Optional[str]) -> str:
+    """The routed experts' group-sizes mode for a call on `tokens` tokens."""
+    return resolve_mlp_mode(group_sizes_mode, False, None, groups=cfg.num_experts,
+                            rows=tokens * cfg.num_experts_per_tok, w_fc1=p["w_fc1"], w_fc2=p["w_fc2"])
+
+
 def moe_sublayer(p: dict, norm_weight: jax.Array, cfg, x: jax.Array, *, group_sizes_mode: Optional[str],
                  experts: str, return_routing: bool = False):
     """x [..., H], the residual stream, -> x + moe_block(rms_norm(x)), and with return_routing the
@@ -111,12 +116,9 @@ def moe_sublayer(p: dict, norm_weight: jax.Array, cfg, x: jax.Array, *, group_si
     whole sub-layer is te_async.token_moe (one call of two kernels) where it applies."""
     tokens = x.reshape(-1, x.shape[-1])
     if experts == "te_async" and not cfg.shared_expert_gate and tokens.shape[0] == 1:
-        mode = resolve_mlp_mode(group_sizes_mode, False, None, groups=cfg.num_experts, rows=cfg.num_experts_per_tok,
-                                w_fc1=p["w_fc1"], w_fc2=p["w_fc2"])
-        grouped = cfg.topk_method == "group_limited_greedy"
+        mode = _mode(p, cfg, 1, group_sizes_mode)
         norm = token_moe.Norm(norm_weight, cfg.rms_norm_eps, round_first=True)
-        router = token_moe.Router(p["router"], cfg.num_experts_per_tok, cfg.norm_topk_prob, cfg.routed_scaling_factor,
-                                  cfg.n_group if grouped else 1, cfg.topk_group if grouped else 1)
+        router = token_moe.Router(p["router"], cfg.num_experts_per_tok, **top_k_options(cfg))
         shared = token_ffn.Shared(p["shared"]["w_gate_up"], p["shared"]["w_down"]) if "shared" in p else None
         if mode == "device" and token_moe.applies(tokens, norm, router, p["w_fc1"], p["w_fc2"], shared):
             with jax.named_scope("token_moe"):

@@ -14,10 +14,14 @@ from ..dense import linear
 from ..routing import route as route_logits
 
 
+def top_k_options(cfg) -> dict:
+    """The config's routing options, as te_async.routing.route and te_async.token_moe.Router take them."""
+    grouped = cfg.topk_method == "group_limited_greedy"
+    return dict(renormalize=cfg.norm_topk_prob, scaling=cfg.routed_scaling_factor,
+                n_group=cfg.n_group if grouped else 1, topk_group=cfg.topk_group if grouped else 1)
+
+
 def route(x: jax.Array, router: jax.Array, cfg) -> tuple:
     """x [T, H], router [H, E] -> (Routing(weights float32 [T, k], experts int32 [T, k]), Dispatch)."""
     logits = linear(x.astype(jnp.float32), router.astype(jnp.float32))
-    grouped = cfg.topk_method == "group_limited_greedy"
-    return route_logits(logits, cfg.num_experts_per_tok, renormalize=cfg.norm_topk_prob,
-                        scaling=cfg.routed_scaling_factor, n_group=cfg.n_group if grouped else 1,
-                        topk_group=cfg.topk_group if grouped else 1)
+    return route_logits(logits, cfg.num_experts_per_tok, **top_k_options(cfg))
