@@ -86,6 +86,8 @@ def token_moe(x: jax.Array, norm: Norm, router: Router, w_fc1: jax.Array, w_fc2:
         raise ValueError(f"x must be [1, H] (one token), got {x.shape}")
     if shared is not None and shared.scale is not None:
         raise ValueError("token_moe takes shared experts without a gate (Shared.scale must be None)")
+    if norm.scale.shape != (x.shape[1],):
+        raise ValueError(f"the norm scale must be [H] for H = {x.shape[1]}, got {norm.scale.shape}")
     if router.weight.ndim != 2 or router.weight.shape[0] != x.shape[1]:
         raise ValueError(f"the router must be [H, E] for H = {x.shape[1]}, got {router.weight.shape}")
     check_options(router.weight.shape[1], router.top_k, router.n_group, router.topk_group)

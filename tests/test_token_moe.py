@@ -131,6 +131,8 @@ def test_errors(rng):
         token_moe.token_moe(jnp.concatenate([x, x]), norm, router, w_fc1, w_fc2)
     with pytest.raises(ValueError, match="without a gate"):
         token_moe.token_moe(x, norm, router, w_fc1, w_fc2, shared._replace(scale=jnp.ones((1,), jnp.float32)))
+    with pytest.raises(ValueError, match=r"norm scale must be \[H\]"):
+        token_moe.token_moe(x, norm._replace(scale=norm.scale[:1]), router, w_fc1, w_fc2)
     with pytest.raises(ValueError, match=r"\[H, E\]"):
         token_moe.token_moe(x, norm, router._replace(weight=router.weight[1:]), w_fc1, w_fc2)
     with pytest.raises(ValueError, match="top_k"):
