@@ -79,7 +79,9 @@ def make(rng, *, hidden, experts, ffn, top_k, shared_ffn=0, n_group=1, topk_grou
 
 # DeepSeek-like (group-limited top-k, scaling, shared experts), Qwen3-like (128 experts, top-8),
 # Mixtral-like (8 experts, top-2, H past 2048), block tails and an H that is not a multiple of 256,
-# moe_block's conventions (router on x, the norm's scale multiplied in float32).
+# moe_block's conventions (router on x, the norm's scale multiplied in float32), and a float32 router
+# whose 16-byte vectors do not divide the block's threads and whose slice is longer than the rows the
+# routing kernel loads before the norm.
 CASES = [
     dict(hidden=256, experts=64, ffn=176, top_k=6, shared_ffn=352, n_group=8, topk_group=3, renormalize=False,
          scaling=16.0, router_f32=True),
@@ -87,6 +89,7 @@ CASES = [
     dict(hidden=4096, experts=8, ffn=64, top_k=2),
     dict(hidden=264, experts=16, ffn=1000, top_k=3, shared_ffn=24),
     dict(hidden=256, experts=32, ffn=64, top_k=4, round_first=False, reads_normed=False, scale_f32=True),
+    dict(hidden=2056, experts=200, ffn=8, top_k=5, router_f32=True),
 ]
 
 
@@ -120,7 +123,8 @@ def test_reference_path_against_float64(rng, case):
     args = make(rng, **case)
     cpu = jax.devices("cpu")[0]
     got, _ = run(args, device=cpu)
-    check(got, reference(*args, residual=False), jnp.bfloat16)
+    # The float32 logits' rounding grows with the H terms summed: 1e-5 of a weight at H = 1024.
+    check(got, reference(*args, residual=False), jnp.bfloat16, weights_rtol=1e-5 * max(1, case["hidden"] / 1024))
     (y, _), _ = run(args, residual=True, device=cpu)
     np.testing.assert_array_equal(np.asarray(y), np.asarray(args[0] + got[0]))
 

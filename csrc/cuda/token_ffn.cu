@@ -38,7 +38,6 @@
 // the token's output is NaN.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -69,6 +68,7 @@ constexpr int kBlocksPerSm = 2;  // measured as fast as one 512-thread block and
 constexpr int kRouteSlices = 8;  // RouteTokenKernel's cluster (the portable size): 32 KB of router each at E = 64, H = 2048
 constexpr int kVec = 8;           // 16-bit elements per 16-byte vector (4 for a float32 router)
 constexpr int kUnroll = 8;        // loads in flight per thread
+constexpr int kRoutePreload = 16; // router vectors per thread loaded before the norm: a slice of H = 2048 rows, E = 64
 constexpr int kNormLanes = 256;   // strided partial sums of x^2, in one order for both kernels
 constexpr int kMaxHidden = 4096;  // x in shared memory as f32, with the sums' scratch
 constexpr int kMaxUnits = 256;
@@ -110,7 +110,7 @@ constexpr size_t FfnSharedBytes(int hidden, int units) {
 }
 
 constexpr size_t RouteSharedBytes(int hidden, int experts) {
-  return sizeof(float) * (hidden + experts + kNormLanes + 1 + kThreads * kVec);
+  return sizeof(float) * (hidden + kRouteSlices * experts + kNormLanes + 1 + kThreads * kVec);
 }
 
 template <typename T>
@@ -126,13 +126,25 @@ __device__ __forceinline__ void WaitForRouting() {
 
 // x [H] -> xs [H] as f32, RMS-normalised when n.scale is set: y = x * rsqrt(mean(x^2) + eps), then
 // (round_first: transformers' RMSNorm) round(round(y) * round(scale)) or (te_async.mlp.normalize)
-// round(y * scale). The sum of squares is taken in one fixed order whatever the block size
+// round(y * scale). The scale is loaded with x, into registers, so that its read does not wait for
+// the norm's reduction. The sum of squares is taken in one fixed order whatever the block size
 // (kNormLanes strided partials, then one warp), so both kernels of the MoE call get the same x.
 template <typename T, int kBlock>
 __device__ void LoadToken(const T* x, int hidden, const TokenNorm& n, float* xs, float* lanes) {
   static_assert(kBlock >= kNormLanes, "one thread per norm lane");
+  constexpr int kPer = kMaxHidden / kBlock;
   const int tid = threadIdx.x;
-  for (int i = tid; i < hidden; i += kBlock) xs[i] = ToFloat<T>(x[i]);
+  float scale[kPer];
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int i = tid + j * kBlock;
+    if (i < hidden) {
+      xs[i] = ToFloat<T>(x[i]);
+      if (n.scale != nullptr) {
+        scale[j] = n.scale_f32 ? static_cast<const float*>(n.scale)[i] : ToFloat<T>(static_cast<const T*>(n.scale)[i]);
+      }
+    }
+  }
   __syncthreads();
   if (n.scale == nullptr) return;
   if (tid < kNormLanes) {
@@ -149,11 +161,14 @@ __device__ void LoadToken(const T* x, int hidden, const TokenNorm& n, float* xs,
   }
   __syncthreads();
   const float r = lanes[kNormLanes];
-  for (int i = tid; i < hidden; i += kBlock) {
-    float scale = n.scale_f32 ? static_cast<const float*>(n.scale)[i] : ToFloat<T>(static_cast<const T*>(n.scale)[i]);
-    float y = xs[i] * r;
-    if (n.round_first) y = Rounded<T>(y), scale = Rounded<T>(scale);
-    xs[i] = Rounded<T>(y * scale);
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int i = tid + j * kBlock;
+    if (i < hidden) {
+      float y = xs[i] * r, sc = scale[j];
+      if (n.round_first) y = Rounded<T>(y), sc = Rounded<T>(sc);
+      xs[i] = Rounded<T>(y * sc);
+    }
   }
   __syncthreads();
 }
@@ -207,48 +222,101 @@ __device__ __forceinline__ void WeightedRowSum(const W* __restrict__ w, long lon
   }
 }
 
+// One block's slice of the router GEMM, rows r0 .. r0 + rows of router [H, E] times xs[r0 ..]:
+// thread (g, v) owns 16-byte vector v of rows g, g + G, ... (G = kThreads / (E / V) row groups), in
+// increasing order. Its first kRoutePreload vectors are loaded before the norm, into registers,
+// so that their latency overlaps x's load and the norm's reduction instead of following them.
+// Leaves the G partial sums in scratch [G, E] and returns G.
+template <typename T, typename W>
+__device__ __forceinline__ int RouterSlice(const RouteTokenArgs& a, int r0, int rows, float* xs, float* lanes,
+                                           float* scratch) {
+  constexpr int V = Elem<W>::kVec;
+  const int tid = threadIdx.x, experts = a.top.experts;
+  const int nvec = experts / V, groups = kThreads / nvec, v = tid % nvec, g = tid / nvec;
+  const bool owner = g < groups;
+  const W* col = static_cast<const W*>(a.router) + static_cast<long long>(r0) * experts + v * V;
+  auto load = [&](int r) {
+    return owner && r < rows ? LoadStream(col + static_cast<long long>(r) * experts) : make_uint4(0u, 0u, 0u, 0u);
+  };
+  uint4 pre[kRoutePreload];
+#pragma unroll
+  for (int i = 0; i < kRoutePreload; ++i) pre[i] = load(g + i * groups);
+  LoadToken<T, kThreads>(static_cast<const T*>(a.x), a.hidden, a.router_reads_normed ? a.norm : TokenNorm{}, xs,
+                         lanes);
+  float acc[V] = {};
+  auto add = [&](const uint4& q, int r) {
+    if (!owner || r >= rows) return;
+    float f[V];
+    Unpack<W>(q, f);
+    const float c = xs[r0 + r];
+#pragma unroll
+    for (int j = 0; j < V; ++j) acc[j] = fmaf(c, f[j], acc[j]);
+  };
+#pragma unroll
+  for (int i = 0; i < kRoutePreload; ++i) add(pre[i], g + i * groups);
+  for (int rb = g + kRoutePreload * groups; owner && rb < rows; rb += kUnroll * groups) {
+    uint4 q[kUnroll];
+#pragma unroll
+    for (int i = 0; i < kUnroll; ++i) q[i] = load(rb + i * groups);
+#pragma unroll
+    for (int i = 0; i < kUnroll; ++i) add(q[i], rb + i * groups);
+  }
+  if (owner) {
+#pragma unroll
+    for (int j = 0; j < V; ++j) scratch[g * experts + v * V + j] = acc[j];
+  }
+  __syncthreads();
+  return groups;
+}
+
+// The norm, the router GEMM and the top-k of one token. Each block of the cluster computes its
+// slice's partial logits and writes them into rank 0's shared memory; rank 0 adds them in rank
+// order and runs the warp top-k, while the other blocks have already exited.
 template <typename T, typename W>
 __global__ void __launch_bounds__(kThreads) RouteTokenKernel(RouteTokenArgs a) {
-  constexpr int V = Elem<W>::kVec;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   cudaTriggerProgrammaticLaunchCompletion();  // TokenFfnKernel may start: it waits where it needs the routing
-  namespace cg = cooperative_groups;
-  cg::cluster_group cluster = cg::this_cluster();
-  const int rank = static_cast<int>(cluster.block_rank()), slices = static_cast<int>(cluster.num_blocks());
+  __cluster_barrier_arrive_relaxed();  // with the wait below, before the first write to rank 0: every block has started
+  const int rank = static_cast<int>(__clusterRelativeBlockRank()), slices = static_cast<int>(__clusterSizeInBlocks());
 #else
   const int rank = 0, slices = 1;
 #endif
   extern __shared__ float smem[];
-  float* xs = smem;                          // [H]
-  float* logits = xs + a.hidden;             // [E]: this slice's partial logits
-  float* lanes = logits + a.top.experts;     // [kNormLanes + 1]
-  float* scratch = lanes + kNormLanes + 1;   // [kThreads * kVec]
-  const int tid = threadIdx.x;
+  const int experts = a.top.experts, tid = threadIdx.x;
+  float* xs = smem;                                  // [H]
+  float* partials = xs + a.hidden;                   // [slices, E]: in rank 0, every slice's partial logits
+  float* lanes = partials + kRouteSlices * experts;  // [kNormLanes + 1]
+  float* scratch = lanes + kNormLanes + 1;           // [kThreads * kVec]
   const int per = (a.hidden + slices - 1) / slices, r0 = min(a.hidden, rank * per), rows = min(per, a.hidden - r0);
-  const W* router = static_cast<const W*>(a.router) + static_cast<long long>(r0) * a.top.experts;
-  LoadToken<T, kThreads>(static_cast<const T*>(a.x), a.hidden, a.router_reads_normed ? a.norm : TokenNorm{}, xs,
-                         lanes);
-  WeightedRowSum<W, kThreads>(
-      router, a.top.experts, rows, xs + r0, a.top.experts / V, [](int c) { return static_cast<long long>(c) * V; },
-      scratch, [=](int e, float s) { logits[e] = s; });
+  const int groups = RouterSlice<T, W>(a, r0, rows, xs, lanes, scratch);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  cluster.sync();  // every slice's partial logits are in its shared memory
-  if (rank == 0) {
-    for (int e = tid; e < a.top.experts; e += kThreads) {
-      float l = logits[e];
-      for (int q = 1; q < slices; ++q) l += cluster.map_shared_rank(logits, q)[e];
-      scratch[e] = l;
-    }
-  }
-  cluster.sync();  // no block leaves while rank 0 reads its logits
-  const float* summed = scratch;
+  __cluster_barrier_wait();
+  float* slice = static_cast<float*>(__cluster_map_shared_rank(partials, 0)) + rank * experts;
 #else
-  const float* summed = logits;
+  float* slice = partials;
 #endif
-  if (rank == 0 && tid < 32) {
+  for (int e = tid; e < experts; e += kThreads) {
+    float s = 0.f;
+    for (int gg = 0; gg < groups; ++gg) s += scratch[gg * experts + e];
+    slice[e] = s;
+  }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  __cluster_barrier_arrive();  // releases this slice's writes; rank 0 acquires them in its wait
+  if (rank != 0) return;
+  __cluster_barrier_wait();
+#else
+  __syncthreads();
+#endif
+  for (int e = tid; e < experts; e += kThreads) {  // the slices added in rank order, into slice 0
+    float l = partials[e];
+    for (int q = 1; q < slices; ++q) l += partials[q * experts + e];
+    partials[e] = l;
+  }
+  __syncthreads();
+  if (tid < 32) {
     float w;
     int e;
-    WarpTopK(summed, a.top, tid, w, e);
+    WarpTopK(partials, a.top, tid, w, e);
     if (tid < a.top.top_k) a.weights[tid] = w, a.experts[tid] = e;
   }
 }
