@@ -18,9 +18,11 @@
 //   (cudaGridDependencySynchronize) before it reads its expert. Both kernels are in one call, so
 //   XLA captures them into one graph node, where the programmatic edge holds.
 //
-// TokenFfnKernel. Work items: the units of each source (routed choice c of the top-k, then the
-// shared experts) cut into blocks of `units` (a multiple of 8, planned in Python:
-// token_ffn.plan_units) -> one thread block per item. Item i of choice c reads expert experts[c]
+// TokenFfnKernel. Work items: the units of each source (the shared experts, then routed choice c
+// of the top-k) cut into blocks of `units` (a multiple of 8, planned in Python:
+// token_ffn.plan_units) -> one thread block per item. The shared experts' blocks come first, so
+// that the block scheduler starts them first: behind the routing kernel they run while the
+// routed blocks wait, and never queue behind waiting routed blocks. Item i of choice c reads expert experts[c]
 // on the GPU, so the kernel sits in a CUDA graph. Per item (256 threads):
 //   1. x [H] to shared memory as f32 (normalised there in the MoE call).
 //   2. fc1: the item's gate and linear columns (2 * units / 8 16-byte vectors per row of
@@ -330,11 +332,11 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) TokenFfnKernel(TokenFf
   float* lanes = act + a.units;        // [kNormLanes + 1]
   float* scratch = lanes + kNormLanes + 1;  // [kThreads * kVec]
   const int item = blockIdx.x, tid = threadIdx.x;
-  const int routed_items = a.top_k * a.blocks_per_choice;
-  const bool routed = item < routed_items;
-  const int choice = routed ? item / a.blocks_per_choice : 0;
+  const int shared_items = (a.shared_ffn + a.units - 1) / a.units;
+  const bool routed = item >= shared_items;
+  const int choice = routed ? (item - shared_items) / a.blocks_per_choice : 0;
   const int ffn = routed ? a.ffn : a.shared_ffn;
-  const int u0 = (routed ? item % a.blocks_per_choice : item - routed_items) * a.units;
+  const int u0 = (routed ? (item - shared_items) % a.blocks_per_choice : item) * a.units;
   const int units = min(a.units, ffn - u0);
   float* out = a.out + static_cast<long long>(item) * a.hidden;
   LoadToken<T, kThreads>(static_cast<const T*>(a.x), a.hidden, a.norm, xs, lanes);
@@ -436,7 +438,7 @@ ffi::Error Poison(cudaStream_t stream, std::initializer_list<std::pair<void*, si
   return ffi::Error::Success();
 }
 
-// TokenFfnKernel over a.top_k * a.blocks_per_choice + shared items; after_routing: a programmatic
+// TokenFfnKernel over shared + a.top_k * a.blocks_per_choice items; after_routing: a programmatic
 // dependent launch behind RouteTokenKernel (compute capability 9.0 and up).
 ffi::Error LaunchFfn(const TokenFfnArgs& a, ffi::DataType type, bool after_routing, cudaStream_t stream) {
   cudaLaunchConfig_t config = {};
