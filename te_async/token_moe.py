@@ -135,7 +135,7 @@ def _kernel(x, scale, router, w_fc1, w_fc2, shared, s: _Static):
     h = x.shape[1]
     w_gate_up, w_down = ((jnp.zeros((h, 0), x.dtype), jnp.zeros((0, h), x.dtype)) if shared is None
                          else (shared.w_gate_up, shared.w_down))
-    units, out = token_ffn.plan_call(x, s.top_k, w_fc2.shape[1], w_down.shape[0], after_routing=True)
+    units, out = token_ffn.plan_call(x, s.top_k, w_fc2.shape[1], w_down.shape[0])
     routing = (jax.ShapeDtypeStruct((1, s.top_k), jnp.float32), jax.ShapeDtypeStruct((1, s.top_k), jnp.int32))
     partial, weights, experts = jax.ffi.ffi_call(TOKEN_MOE, (out,) + routing)(
         x, scale, router, w_fc1, w_fc2, w_gate_up, w_down, units=units, top_k=s.top_k, n_group=s.n_group,

@@ -78,9 +78,9 @@ def test_reference_path_against_float64(rng, case):
 
 
 def test_plan_units():
-    """Multiples of 8; one wave of two blocks per SM where the units allow it; DeepSeek-V2-Lite's
-    routed and shared experts on 132 SMs get the units measured fastest (48: 43.9 us per layer on an
-    H200, 2026-12-02, against 53.7 / 47.8 / 59.1 us at 32 / 64 / 96)."""
+    """Multiples of 8; one wave of two blocks per SM where the units allow it; on 132 SMs
+    DeepSeek-V2-Lite's routed and shared experts and Qwen3-30B-A3B's routed experts get the units
+    measured fastest on an H200 (plan_units' docstring: 48 and 32)."""
     for top_k, ffn, shared_ffn, hidden in [(6, 1408, 2816, 2048), (6, 1408, 0, 2048), (0, 0, 2816, 2048),
                                            (8, 768, 0, 2048), (2, 14336, 0, 4096), (3, 1000, 24, 264)]:
         units = tf.plan_units(top_k, ffn, shared_ffn, hidden, 132)
@@ -88,6 +88,7 @@ def test_plan_units():
         assert units % 8 == 0 and 8 <= units <= tf.MAX_UNITS, (top_k, ffn, shared_ffn, units)
         assert items <= tf.BLOCKS_PER_SM * 132, (top_k, ffn, shared_ffn, units, items)
     assert tf.plan_units(6, 1408, 2816, 2048, 132) == 48
+    assert tf.plan_units(8, 768, 0, 2048, 132) == 32
 
 
 def test_errors(rng):
