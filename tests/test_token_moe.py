@@ -129,6 +129,27 @@ def test_reference_path_against_float64(rng, case):
     np.testing.assert_array_equal(np.asarray(y), np.asarray(args[0] + got[0]))
 
 
+def tied(rng, dtype=jnp.bfloat16):
+    """A DeepSeek-like case (float32 router, group-limited top-k) whose router has three identical,
+    leading columns (2, 5 and 9, in two groups): their logits tie exactly, and the top-k must take
+    them in index order, as a stable sort does."""
+    args = make(rng, hidden=256, experts=64, ffn=32, top_k=6, n_group=8, topk_group=3, renormalize=False,
+                router_f32=True, dtype=dtype)
+    x, norm, router, w_fc1, w_fc2, shared = args
+    xf = np.asarray(x, np.float64)[0]
+    col = jnp.asarray(xf * 20 / (xf.size * np.sqrt(np.mean(xf * xf))), jnp.float32)  # a logit near 20, the others a few units
+    weight = router.weight.at[:, 2].set(col).at[:, 5].set(col).at[:, 9].set(col)
+    return x, norm, router._replace(weight=weight), w_fc1, w_fc2, shared
+
+
+def test_reference_path_breaks_ties_by_index(rng):
+    args = tied(rng)
+    got, _ = run(args, device=jax.devices("cpu")[0])
+    want = reference(*args, residual=False)
+    assert list(want[1][:3]) == [2, 5, 9]
+    check(got, want, jnp.bfloat16)
+
+
 def test_errors(rng):
     x, norm, router, w_fc1, w_fc2, shared = make(rng, hidden=64, experts=8, ffn=16, top_k=2, shared_ffn=16)
     with pytest.raises(ValueError, match="one token"):
@@ -174,6 +195,18 @@ def test_kernels_against_float64(rng, case, dtype):
     # The residual inside the kernel rounds as x + y in x's dtype does.
     (y, _), _ = run(args, residual=True)
     np.testing.assert_array_equal(np.asarray(y), np.asarray(args[0] + got[0]))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_kernels_break_ties_by_index(rng, dtype):
+    """Identical router columns give bit-identical logits in the kernel (each column's sum runs in
+    the same order), and the warp top-k takes tied experts in index order."""
+    args = tied(rng, dtype)
+    got, _ = run(args)
+    want = reference(*args, residual=False)
+    assert list(want[1][:3]) == [2, 5, 9]
+    check(got, want, dtype, weights_rtol=5e-3)
 
 
 @pytest.mark.gpu
