@@ -10,19 +10,21 @@
 //   experts and weights of an earlier routing.
 // - te_async_token_moe: a decoder's MoE block for one token, moe(rmsnorm(x)) routed in the call:
 //   RouteTokenKernel (the norm, the router GEMM with its rows split over a thread-block cluster
-//   of kRouteSlices blocks whose partial logits rank 0 adds in rank order, the top-k of
-//   route_top_k.cuh; one block below compute capability 9.0), then TokenFfnKernel, which
-//   normalises x itself (the same code, so the same values). On compute capability 9.0 and up
-//   the second is a programmatic dependent launch: the first triggers it at once, so its blocks
-//   load x and the shared experts' blocks run while the routing runs; a routed block waits
-//   (cudaGridDependencySynchronize) before it reads its expert. Both kernels are in one call, so
-//   XLA captures them into one graph node, where the programmatic edge holds.
+//   of kRouteSlices blocks, each writing its partial logits into rank 0's shared memory, where
+//   they are added in rank order, the top-k of route_top_k.cuh; one block below compute
+//   capability 9.0; the router's first loads are issued before the norm, see RouterSlice), then
+//   TokenFfnKernel, which normalises x itself (the same code, so the same values). On compute
+//   capability 9.0 and up the second is a programmatic dependent launch: the first triggers it
+//   at once, so its blocks load x and the shared experts' blocks run while the routing runs; a
+//   routed block waits (cudaGridDependencySynchronize) before it reads its expert. Both kernels
+//   are in one call, so XLA captures them into one graph node, where the programmatic edge holds.
 //
 // TokenFfnKernel. Work items: the units of each source (the shared experts, then routed choice c
 // of the top-k) cut into blocks of `units` (a multiple of 8, planned in Python:
 // token_ffn.plan_units) -> one thread block per item. The shared experts' blocks come first, so
-// that the block scheduler starts them first: behind the routing kernel they run while the
-// routed blocks wait, and never queue behind waiting routed blocks. Item i of choice c reads expert experts[c]
+// that the block scheduler starts them first: where the items exceed one wave of resident
+// blocks, they are the ones that run during the routing (with one wave, as plan_units prefers,
+// the order measured no different: docs/benchmarks.md, table GM's notes). Item i of choice c reads expert experts[c]
 // on the GPU, so the kernel sits in a CUDA graph. Per item (256 threads):
 //   1. x [H] to shared memory as f32 (normalised there in the MoE call).
 //   2. fc1: the item's gate and linear columns (2 * units / 8 16-byte vectors per row of
