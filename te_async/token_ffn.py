@@ -82,7 +82,8 @@ def plan_units(top_k: int, ffn: int, shared_ffn: int, hidden: int, sms: int) -> 
         touched = math.ceil(row / SECTOR) * SECTOR + (SECTOR // 2 if row % SECTOR else 0)
         per_item = hidden * 2 * touched + units * hidden * 2
         per_sm = math.ceil(items / sms)
-        return math.ceil(items / (BLOCKS_PER_SM * sms)), per_sm * per_item / min(per_sm, BLOCKS_PER_SM), items * per_item
+        busiest = per_sm * per_item / min(per_sm, BLOCKS_PER_SM)
+        return math.ceil(items / (BLOCKS_PER_SM * sms)), busiest, items * per_item
     return min(range(VEC, MAX_UNITS + 1, VEC), key=cost)
 
 

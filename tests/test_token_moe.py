@@ -137,7 +137,8 @@ def tied(rng, dtype=jnp.bfloat16):
                 router_f32=True, dtype=dtype)
     x, norm, router, w_fc1, w_fc2, shared = args
     xf = np.asarray(x, np.float64)[0]
-    col = jnp.asarray(xf * 20 / (xf.size * np.sqrt(np.mean(xf * xf))), jnp.float32)  # a logit near 20, the others a few units
+    # A logit near 20 for the three, where the others are a few units.
+    col = jnp.asarray(xf * 20 / (xf.size * np.sqrt(np.mean(xf * xf))), jnp.float32)
     weight = router.weight.at[:, 2].set(col).at[:, 5].set(col).at[:, 9].set(col)
     return x, norm, router._replace(weight=weight), w_fc1, w_fc2, shared
 
