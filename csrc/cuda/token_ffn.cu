@@ -72,7 +72,7 @@ constexpr int kBlocksPerSm = 2;  // measured as fast as one 512-thread block and
 constexpr int kRouteSlices = 8;  // RouteTokenKernel's cluster (the portable size): 32 KB of router each at E = 64, H = 2048
 constexpr int kVec = 8;           // 16-bit elements per 16-byte vector (4 for a float32 router)
 constexpr int kUnroll = 8;        // loads in flight per thread
-constexpr int kRoutePreload = 16; // router vectors per thread loaded before the norm: a slice of H = 2048 rows, E = 64
+constexpr int kRoutePreload = 16; // router vectors per thread loaded before the norm: all of a float32 [2048, 64] slice
 constexpr int kNormLanes = 256;   // strided partial sums of x^2, in one order for both kernels
 constexpr int kMaxHidden = 4096;  // x in shared memory as f32, with the sums' scratch
 constexpr int kMaxUnits = 256;
