@@ -38,8 +38,11 @@ def route64(logits, router):
 
 
 def reference(x, norm, router, w_fc1, w_fc2, shared, residual):
-    """(y [1, H] in float64, experts, weights) of token_moe, from float64 math with the roundings
-    the model makes: the normalised x, fc1's output and the activation in x's dtype."""
+    """(y [1, H] in float64, experts, weights, the weights' rtol) of token_moe, from float64 math
+    with the roundings the model makes: the normalised x, fc1's output and the activation in x's
+    dtype. A weight's relative error is the absolute error of float32 logits, bounded by
+    eps * sqrt(H) * sum |x_h w_he| (a random walk of the partial sums' roundings); seen at 0.13 of
+    that over 60 seeds of every case."""
     f64 = lambda a: np.asarray(jnp.asarray(a, jnp.float64))
     xf, scale = f64(x)[0], f64(norm.scale)
     y = xf / np.sqrt(np.mean(xf * xf) + norm.eps)
@@ -47,7 +50,9 @@ def reference(x, norm, router, w_fc1, w_fc2, shared, residual):
         xn = rounded(rounded(y, x.dtype) * rounded(scale, x.dtype), x.dtype)
     else:
         xn = rounded(y * scale, x.dtype)
-    experts, weights = route64((xn if router.reads_normed else xf) @ f64(router.weight), router)
+    router_in, router_w = (xn if router.reads_normed else xf), f64(router.weight)
+    experts, weights = route64(router_in @ router_w, router)
+    weights_rtol = np.finfo(np.float32).eps * np.sqrt(xf.size) * np.max(np.abs(router_in) @ np.abs(router_w))
     out = np.zeros_like(xf)
     for e, w in zip(experts, weights):
         out += w * swiglu64(xn, f64(w_fc1)[e], f64(w_fc2)[e], x.dtype)
@@ -55,7 +60,7 @@ def reference(x, norm, router, w_fc1, w_fc2, shared, residual):
         out += swiglu64(xn, f64(shared.w_gate_up), f64(shared.w_down), x.dtype)
     if residual:
         out = xf + rounded(out, x.dtype)
-    return out[None], experts, weights
+    return out[None], experts, weights, weights_rtol
 
 
 def make(rng, *, hidden, experts, ffn, top_k, shared_ffn=0, n_group=1, topk_group=1, renormalize=True, scaling=1.0,
@@ -108,9 +113,11 @@ def run(args, residual=False, device=None):
     return fn(*arrays), fn.lower(*arrays).as_text()
 
 
-def check(got, want, dtype, weights_rtol=1e-5):
+def check(got, want, dtype, weights_rtol=None):
+    """weights_rtol: the reference's float32 rounding bound where None."""
     y, routing = got
-    y64, experts, weights = want
+    y64, experts, weights, rounding = want
+    weights_rtol = rounding if weights_rtol is None else weights_rtol
     assert y.shape == y64.shape and y.dtype == dtype
     assert np.array_equal(np.asarray(routing.experts)[0], experts)
     np.testing.assert_allclose(np.asarray(routing.weights)[0], weights, rtol=weights_rtol)
@@ -123,8 +130,7 @@ def test_reference_path_against_float64(rng, case):
     args = make(rng, **case)
     cpu = jax.devices("cpu")[0]
     got, _ = run(args, device=cpu)
-    # The float32 logits' rounding grows with the H terms summed: 1e-5 of a weight at H = 1024.
-    check(got, reference(*args, residual=False), jnp.bfloat16, weights_rtol=1e-5 * max(1, case["hidden"] / 1024))
+    check(got, reference(*args, residual=False), jnp.bfloat16)
     (y, _), _ = run(args, residual=True, device=cpu)
     np.testing.assert_array_equal(np.asarray(y), np.asarray(args[0] + got[0]))
 
