@@ -54,8 +54,6 @@ Form FormOf(const GroupedGemmShape& s) {
   return s.transpose_rhs ? Form::kRaggedMT : Form::kRaggedM;
 }
 
-int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
 // Share of a 2-CTA cluster's tile slots that are padding, for `tiles` tiles along its axis.
 double ClusterPad(int64_t tiles) { return tiles % 2 == 0 ? 0.0 : 1.0 / static_cast<double>(tiles); }
 

@@ -95,7 +95,10 @@ struct TokenFfnArgs {
   const void* shared_w2;     // [Fs, H]
   const float* shared_scale; // [1], or nullptr: 1
   float* out;                // [items, H]
-  int hidden, num_experts, top_k, ffn, shared_ffn, units, blocks_per_choice;
+  int hidden, num_experts, top_k, ffn, shared_ffn, units;
+  int blocks_per_choice;     // items of one routed choice: ceil(ffn / units)
+  int shared_items;          // the shared experts' items, first in the grid: ceil(shared_ffn / units)
+  int items;                 // the grid: shared_items + top_k * blocks_per_choice
 };
 
 struct RouteTokenArgs {
@@ -334,11 +337,10 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) TokenFfnKernel(TokenFf
   float* lanes = act + a.units;        // [kNormLanes + 1]
   float* scratch = lanes + kNormLanes + 1;  // [kThreads * kVec]
   const int item = blockIdx.x, tid = threadIdx.x;
-  const int shared_items = (a.shared_ffn + a.units - 1) / a.units;
-  const bool routed = item >= shared_items;
-  const int choice = routed ? (item - shared_items) / a.blocks_per_choice : 0;
+  const bool routed = item >= a.shared_items;
+  const int choice = routed ? (item - a.shared_items) / a.blocks_per_choice : 0;
   const int ffn = routed ? a.ffn : a.shared_ffn;
-  const int u0 = (routed ? (item - shared_items) % a.blocks_per_choice : item) * a.units;
+  const int u0 = (routed ? (item - a.shared_items) % a.blocks_per_choice : item) * a.units;
   const int units = min(a.units, ffn - u0);
   float* out = a.out + static_cast<long long>(item) * a.hidden;
   LoadToken<T, kThreads>(static_cast<const T*>(a.x), a.hidden, a.norm, xs, lanes);
@@ -367,8 +369,6 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) TokenFfnKernel(TokenFf
       [](int c) { return static_cast<long long>(c) * kVec; }, scratch,
       [=](int col, float s) { out[col] = scale * s; });
 }
-
-int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 bool HasDims(const ffi::AnyBuffer& b, std::initializer_list<int64_t> dims) {
   const auto d = b.dimensions();
@@ -405,8 +405,8 @@ ffi::ErrorOr<TokenFfnArgs> FfnArgs(ffi::AnyBuffer x, ffi::AnyBuffer w1, ffi::Any
   if (units % kVec != 0 || units < kVec || units > kMaxUnits) {
     return fail("units must be a multiple of 8 in [8, " + std::to_string(kMaxUnits) + "], got " + std::to_string(units));
   }
-  const int64_t per_choice = k > 0 ? CeilDiv(ffn, units) : 0;
-  const int64_t items = k * per_choice + CeilDiv(shared_ffn, units);
+  const int64_t per_choice = k > 0 ? CeilDiv(ffn, units) : 0, shared_items = CeilDiv(shared_ffn, units);
+  const int64_t items = k * per_choice + shared_items;
   if (items < 1) return fail("nothing to compute: no routed choices and no shared experts");
   if (out.element_type() != ffi::DataType::F32 || !HasDims(out, {items, hidden})) {
     return fail("out must be float32 [items, H] with items = k * ceil(F / units) + ceil(Fs / units) = " +
@@ -430,6 +430,8 @@ ffi::ErrorOr<TokenFfnArgs> FfnArgs(ffi::AnyBuffer x, ffi::AnyBuffer w1, ffi::Any
   a.shared_ffn = static_cast<int>(shared_ffn);
   a.units = static_cast<int>(units);
   a.blocks_per_choice = static_cast<int>(per_choice);
+  a.shared_items = static_cast<int>(shared_items);
+  a.items = static_cast<int>(items);
   return a;
 }
 
@@ -440,11 +442,11 @@ ffi::Error Poison(cudaStream_t stream, std::initializer_list<std::pair<void*, si
   return ffi::Error::Success();
 }
 
-// TokenFfnKernel over shared + a.top_k * a.blocks_per_choice items; after_routing: a programmatic
+// TokenFfnKernel over a.items blocks; after_routing: a programmatic
 // dependent launch behind RouteTokenKernel (compute capability 9.0 and up).
 ffi::Error LaunchFfn(const TokenFfnArgs& a, ffi::DataType type, bool after_routing, cudaStream_t stream) {
   cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(a.top_k * a.blocks_per_choice + CeilDiv(a.shared_ffn, a.units)));
+  config.gridDim = dim3(static_cast<unsigned>(a.items));
   config.blockDim = dim3(kThreads);
   config.dynamicSmemBytes = FfnSharedBytes(a.hidden, a.units);
   config.stream = stream;
