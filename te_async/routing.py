@@ -4,10 +4,16 @@ stable sort of the T*k (token, choice) pairs by expert (group sizes, the row ord
 route() runs one CUDA kernel for all of it (csrc/cuda/moe_routing.cu) on the GPU where the kernel
 applies (up to ROUTE_MAX_EXPERTS experts and ROUTE_MAX_CHOICES tokens x top_k: decode sizes), in
 place of about ten XLA kernels; elsewhere, and as the kernel's reference, plain JAX
-(route_reference, plan_dispatch). Both: softmax in float32; with n_group > 1, DeepSeek's
+(route_reference, plan_dispatch). Both: softmax in float32; with n_group > 1, DeepSeek-V2's
 group-limited top-k (keep the topk_group groups whose best expert scores highest, zero the rest);
 jax.lax.top_k's order (larger first, the lower index on ties); the k weights renormalised to sum to
-one when asked; then times `scaling`. The order is stable: rows of one expert keep the (token,
+one when asked; then times `scaling`.
+
+scoring="sigmoid" is DeepSeek-V3's router (transformers' DeepseekV3TopkRouter, also GLM-4.5's and
+Kimi-K2's): scores sigmoid(logits); the experts are chosen by score + correction_bias (a learned
+[E] load-balancing bias, DeepSeek's "noaux_tc"), with n_group > 1 among the topk_group groups whose
+two best biased scores sum highest; the weights are the unbiased scores of the chosen experts. The
+CUDA kernel takes softmax only: sigmoid scoring runs plain JAX on every backend. The order is stable: rows of one expert keep the (token,
 choice) order. The kernel computes exp and the sums in its own order, so its weights may differ
 from the reference's in the last bits, and a near-tie may go the other way. Gradients flow to the
 logits through the chosen experts' weights, in both.
@@ -38,17 +44,27 @@ class Dispatch(NamedTuple):
     choice_of_row: jax.Array  # [T*k] int32: the inverse, which flat (token, choice) each row holds
 
 
+SCORINGS = ("softmax", "sigmoid")
+
+
 def route_reference(logits: jax.Array, top_k: int, *, renormalize: bool, scaling: float = 1.0, n_group: int = 1,
-                    topk_group: int = 1) -> Routing:
+                    topk_group: int = 1, scoring: str = "softmax", correction_bias=None) -> Routing:
     """The routing in plain JAX, logits [T, E] (any float dtype; computed in float32)."""
-    probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+    logits = logits.astype(jnp.float32)
+    if scoring == "softmax":
+        scores = jax.nn.softmax(logits, axis=-1)
+        choice, group_score, masked = scores, lambda g: g.max(axis=-1), 0.0
+    else:
+        scores = jax.nn.sigmoid(logits)
+        choice = scores if correction_bias is None else scores + correction_bias.astype(jnp.float32)
+        group_score, masked = lambda g: jax.lax.top_k(g, 2)[0].sum(axis=-1), -jnp.inf
     if n_group > 1:
-        t, e = probs.shape
-        best_in_group = probs.reshape(t, n_group, e // n_group).max(axis=-1)
-        _, groups = jax.lax.top_k(best_in_group, topk_group)
+        t, e = choice.shape
+        _, groups = jax.lax.top_k(group_score(choice.reshape(t, n_group, e // n_group)), topk_group)
         kept = jnp.zeros((t, n_group), bool).at[jnp.arange(t)[:, None], groups].set(True)
-        probs = jnp.where(jnp.repeat(kept, e // n_group, axis=1), probs, 0.0)
-    weights, experts = jax.lax.top_k(probs, top_k)
+        choice = jnp.where(jnp.repeat(kept, e // n_group, axis=1), choice, masked)
+    _, experts = jax.lax.top_k(choice, top_k)
+    weights = jnp.take_along_axis(scores, experts, axis=-1)
     if renormalize:
         weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
     return Routing(weights * scaling, experts.astype(jnp.int32))
@@ -78,12 +94,21 @@ def kernel_applies(tokens: int, num_experts: int, top_k: int, n_group: int = 1) 
             and tokens * top_k <= module.ROUTE_MAX_CHOICES and top_k <= 32 and n_group <= 32)
 
 
-def _check(logits, top_k, n_group, topk_group, kernel):
+def _check(logits, top_k, n_group, topk_group, kernel, scoring, correction_bias):
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
     if logits.ndim != 2:
         raise ValueError(f"logits must be [T, E], got shape {logits.shape}")
-    check_options(logits.shape[1], top_k, n_group, topk_group)
+    e = logits.shape[1]
+    check_options(e, top_k, n_group, topk_group)
+    if scoring not in SCORINGS:
+        raise ValueError(f"scoring must be one of {SCORINGS}, got {scoring!r}")
+    if correction_bias is not None and (scoring != "sigmoid" or jnp.shape(correction_bias) != (e,)):
+        raise ValueError(f"correction_bias must be [E] = [{e}] with scoring='sigmoid', got shape "
+                         f"{jnp.shape(correction_bias)} with scoring={scoring!r}")
+    if scoring == "sigmoid" and n_group > 1 and e // n_group < 2:
+        raise ValueError(f"scoring='sigmoid' ranks groups by their two best experts: n_group={n_group} leaves "
+                         f"{e // n_group} expert per group")
 
 
 def check_options(e: int, top_k: int, n_group: int, topk_group: int) -> None:
@@ -98,29 +123,29 @@ def check_options(e: int, top_k: int, n_group: int, topk_group: int) -> None:
 
 
 def route(logits: jax.Array, top_k: int, *, renormalize: bool, scaling: float = 1.0, n_group: int = 1,
-          topk_group: int = 1, kernel: str = "auto") -> tuple:
+          topk_group: int = 1, scoring: str = "softmax", correction_bias=None, kernel: str = "auto") -> tuple:
     """logits [T, E] -> (Routing, Dispatch). kernel: "auto" (the CUDA kernel where the call is
-    lowered for a GPU and the kernel takes the sizes, else plain JAX), "te_async" (the kernel; an
-    error where it cannot run) or "xla" (plain JAX, the reference)."""
-    _check(logits, top_k, n_group, topk_group, kernel)
+    lowered for a GPU and the kernel takes the sizes and the scoring, else plain JAX), "te_async"
+    (the kernel; an error where it cannot run) or "xla" (plain JAX, the reference)."""
+    _check(logits, top_k, n_group, topk_group, kernel, scoring, correction_bias)
     t, e = logits.shape
     logits = logits.astype(jnp.float32)
     opts = dict(renormalize=bool(renormalize), scaling=float(scaling), n_group=n_group, topk_group=topk_group)
 
     def reference(l):
-        routing = route_reference(l, top_k, **opts)
+        routing = route_reference(l, top_k, **opts, scoring=scoring, correction_bias=correction_bias)
         return routing, plan_dispatch(routing.experts, e)
 
     def with_kernel(l):
         return _route_kernel(l, top_k, **opts)
 
-    applies = kernel_applies(t, e, top_k, n_group)
+    applies = scoring == "softmax" and kernel_applies(t, e, top_k, n_group)
     if kernel == "xla" or (kernel == "auto" and not applies):
         return reference(logits)
     if kernel == "te_async":
         if not (applies and plan.on_gpu()):
-            raise ValueError(f"kernel='te_async' needs a GPU, at most {_limits()} (got T={t}, E={e}, top_k={top_k}, "
-                             f"n_group={n_group})")
+            raise ValueError(f"kernel='te_async' needs a GPU, softmax scoring, at most {_limits()} (got T={t}, E={e}, "
+                             f"top_k={top_k}, n_group={n_group}, scoring={scoring!r})")
         return with_kernel(logits)
     return jax.lax.platform_dependent(logits, cuda=with_kernel, default=reference)
 

@@ -36,6 +36,14 @@ TINY = {
                         max_position_embeddings=256,
                         rope_scaling=dict(type="yarn", factor=8, original_max_position_embeddings=32, mscale=0.707,
                                           mscale_all_dim=0.707)),
+    # DeepSeek-V3's router (sigmoid, correction bias, groups by their two best), rope halves as stored,
+    # no q LoRA, one multi-token-prediction layer in the checkpoint (not loaded).
+    "deepseek_v3": dict(model_type="deepseek_v3", vocab_size=61, hidden_size=32, intermediate_size=40,
+                        num_hidden_layers=2, num_attention_heads=4, q_lora_rank=None, kv_lora_rank=16,
+                        qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8, n_routed_experts=8, num_experts_per_tok=3,
+                        moe_intermediate_size=16, n_shared_experts=1, first_k_dense_replace=1, n_group=4,
+                        topk_group=2, norm_topk_prob=True, routed_scaling_factor=2.5, rope_interleave=False,
+                        num_nextn_predict_layers=1, max_position_embeddings=256),
 }
 TYPES = list(TINY)
 PROMPT, TOTAL = 5, 9  # prefill 5 tokens, decode 4 more, against a 9-token forward
@@ -214,12 +222,19 @@ def _moe_reference(p, config, x):
     out = []
     for v in np.asarray(x, np.float64):
         logits = v @ p["router"]
-        probs = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()
-        if config.topk_method == "group_limited_greedy":
-            groups = probs.reshape(config.n_group, -1)
-            keep = np.argsort(-groups.max(1))[:config.topk_group]
-            probs = np.where(np.isin(np.arange(config.n_group), keep)[:, None], groups, 0).reshape(-1)
-        chosen = np.argsort(-probs)[:config.num_experts_per_tok]
+        if config.scoring_func == "sigmoid":
+            probs = 1 / (1 + np.exp(-logits))
+            choice = (probs + p["router_bias"]).reshape(config.n_group, -1)
+            keep = np.argsort(-np.sort(choice, axis=1)[:, -2:].sum(1))[:config.topk_group]
+            choice = np.where(np.isin(np.arange(config.n_group), keep)[:, None], choice, -np.inf).reshape(-1)
+        else:
+            probs = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()
+            choice = probs
+            if config.topk_method == "group_limited_greedy":
+                groups = probs.reshape(config.n_group, -1)
+                keep = np.argsort(-groups.max(1))[:config.topk_group]
+                choice = np.where(np.isin(np.arange(config.n_group), keep)[:, None], groups, 0).reshape(-1)
+        chosen = np.argsort(-choice)[:config.num_experts_per_tok]
         weights = probs[chosen] / (probs[chosen].sum() if config.norm_topk_prob else 1) * config.routed_scaling_factor
         y = sum(w * mlp({"w_gate_up": p["w_fc1"][e], "w_down": p["w_fc2"][e]}, v) for w, e in zip(weights, chosen))
         if "shared" in p:
@@ -357,7 +372,8 @@ def test_decode_step_poisons_what_it_cannot_check(model):
 
 
 @pytest.mark.parametrize("change,match", [
-    (dict(model_type="llama"), "unsupported model_type 'llama'; supported: mixtral, qwen2_moe, qwen3_moe, deepseek_v2"),
+    (dict(model_type="llama"),
+     "unsupported model_type 'llama'; supported: mixtral, qwen2_moe, qwen3_moe, deepseek_v2, deepseek_v3"),
     (dict(hidden_act="gelu"), "hidden_act 'gelu' is not supported"),
     (dict(num_experts_per_tok=9), "num_experts_per_tok 9 > num_experts 8"),
     (dict(rope_scaling=dict(type="linear", factor=2.0)), "rope type 'linear' is not supported"),
@@ -366,6 +382,31 @@ def test_decode_step_poisons_what_it_cannot_check(model):
 def test_bad_configs(change, match):
     with pytest.raises(ValueError, match=match):
         tiny("qwen3_moe", **change)
+
+
+@pytest.mark.parametrize("change,match", [
+    (dict(scoring_func="softmax"), "deepseek_v3 routes by sigmoid scores and noaux_tc"),
+    (dict(topk_method="group_limited_greedy"), "deepseek_v3 routes by sigmoid scores and noaux_tc"),
+    (dict(n_group=8, topk_group=3), "noaux_tc ranks groups by their two best experts"),
+    (dict(n_group=3), "noaux_tc needs n_group \\(3\\) to divide num_experts"),
+    (dict(quantization_config=dict(quant_method="fp8")), "quantized checkpoints are not supported \\(quantization_config 'fp8'\\)"),
+])
+def test_bad_deepseek_v3_configs(change, match):
+    with pytest.raises(ValueError, match=match):
+        tiny("deepseek_v3", **change)
+
+
+def test_deepseek_v3_config_reads_as_transformers_does():
+    """The defaults of transformers' DeepseekV3Config (sigmoid, noaux_tc, renormalised, x2.5,
+    interleaved rope) where the file is silent; the file's spellings of those accepted."""
+    config = models.from_hf_dict({"model_type": "deepseek_v3"})
+    assert (config.scoring_func, config.topk_method, config.norm_topk_prob, config.routed_scaling_factor) == (
+        "sigmoid", "noaux_tc", True, 2.5)
+    assert (config.num_experts, config.n_group, config.topk_group, config.num_experts_per_tok) == (256, 8, 4, 8)
+    assert config.rope_interleave and config.q_lora_rank == 1536 and config.num_nextn_predict_layers == 1
+    assert config.is_mla and config.shared_intermediate_size == 2048 and not config.is_moe_layer(2)
+    hub = tiny("deepseek_v3", scoring_func="sigmoid", topk_method="noaux_tc", num_local_experts=8)
+    assert hub == tiny("deepseek_v3")
 
 
 # --- load_hf ---
@@ -406,6 +447,8 @@ def hf_tensors(params, config, fused):
             continue
         moe, block = layer["moe"], pre + ("block_sparse_moe." if mixtral and not fused else "mlp.")
         out[block + "gate.weight"] = t(moe["router"])
+        if "router_bias" in moe:
+            out[block + "gate.e_score_correction_bias"] = moe["router_bias"]
         if fused:
             out[block + "experts.gate_up_proj"] = np.asarray(moe["w_fc1"]).transpose(0, 2, 1).copy()
             out[block + "experts.down_proj"] = np.asarray(moe["w_fc2"]).transpose(0, 2, 1).copy()
@@ -414,7 +457,7 @@ def hf_tensors(params, config, fused):
                 p = {"w_gate_up": moe["w_fc1"][e], "w_down": moe["w_fc2"][e]}
                 out.update(mlp(f"{block}experts.{e}.", p, *(("w1", "w3", "w2") if mixtral else ())))
         if "shared" in moe:
-            shared = "shared_experts." if config.model_type == "deepseek_v2" else "shared_expert."
+            shared = "shared_experts." if config.model_type.startswith("deepseek") else "shared_expert."
             out.update(mlp(block + shared, moe["shared"]))
         if "shared_gate" in moe:
             out[block + "shared_expert_gate.weight"] = t(moe["shared_gate"])
@@ -481,6 +524,22 @@ def test_load_hf_bad_directories(tmp_path, checkpoint):
     (directory / "config.json").write_text(json.dumps(TINY["deepseek_v2"]))
     (directory / "model.safetensors").unlink()
     with pytest.raises(ValueError, match="no \\*.safetensors file"):
+        models.load_hf(directory)
+
+
+def test_load_hf_skips_deepseek_v3_prediction_layers(tmp_path):
+    """The tensors of the num_nextn_predict_layers layers after the last are not loaded (as in
+    transformers); a tensor of a layer past those is still an error."""
+    config = tiny("deepseek_v3")
+    params = random_params(config)
+    tensors = hf_tensors(params, config, fused=False)
+    tensors["model.layers.2.eh_proj.weight"] = np.ones((32, 64), np.float32)  # DeepSeek-V3's MTP projection
+    directory = write_checkpoint(tmp_path / "ckpt", "deepseek_v3", tensors)
+    loaded, _ = models.load_hf(directory)
+    np.testing.assert_array_equal(loaded["layers"][1]["moe"]["router_bias"], params["layers"][1]["moe"]["router_bias"])
+    tensors["model.layers.3.eh_proj.weight"] = np.ones((32, 64), np.float32)
+    _rewrite(directory, tensors)
+    with pytest.raises(ValueError, match="does not account for: model.layers.3.eh_proj.weight"):
         models.load_hf(directory)
 
 

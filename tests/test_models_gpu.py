@@ -84,7 +84,7 @@ def assert_copy_then_shared_then_gemms(where: dict) -> None:
 
 
 @pytest.mark.parametrize("model_type,layers", [("qwen2_moe", None), ("deepseek_v2", None), ("deepseek_v2", 4),
-                                               ("qwen2_moe", 4)])
+                                               ("qwen2_moe", 4), ("deepseek_v3", 4)])
 def test_async_copy_then_shared_experts_then_grouped_gemms(model_type, layers):
     """The default tiny configs' MoE layer is a run of one (inline, in ENTRY); with 4 layers the
     MoE layers 1-3 are one scanned run (layer 0 is dense in both), whose while body must keep the
@@ -101,7 +101,7 @@ def test_async_copy_then_shared_experts_then_grouped_gemms(model_type, layers):
 
 
 
-@pytest.mark.parametrize("model_type", ["mixtral", "deepseek_v2"])
+@pytest.mark.parametrize("model_type", ["mixtral", "deepseek_v2", "deepseek_v3"])
 @pytest.mark.parametrize("mode", ["device", "async"])
 @pytest.mark.parametrize("batch", [1, 2])  # device mode decodes one sequence with the fused experts
 def test_decode_matches_forward_on_gpu(model_type, mode, batch):

@@ -15,8 +15,8 @@ runs forward; every checkpoint that is not a *_fused copy (the copies load to th
 which forward checks) runs generate with the default group_sizes_mode=None; experts="ragged_dot"
 and the explicit modes "sync", "async", "device" run on one or two model types each, so that
 each mode and back end is exercised once with routing and once more where it is cheap. About
-35 s of CPU in all. TE_ASYNC_HF_PARITY_FULL=1 runs every mode and back end on every fixture
-(7 x 5 generates).
+45 s of CPU in all. TE_ASYNC_HF_PARITY_FULL=1 runs every mode and back end on every fixture
+(9 x 5 generates).
 """
 
 import functools
@@ -40,6 +40,8 @@ EXTRA_CASES = [
     ("deepseek_v2", "device", "te_async"),
     ("mixtral", None, "ragged_dot"),
     ("deepseek_v2_lora", None, "ragged_dot"),
+    ("deepseek_v3", "async", "te_async"),
+    ("deepseek_v3_flat", "device", "te_async"),
 ]
 FULL = os.environ.get("TE_ASYNC_HF_PARITY_FULL", "") not in ("", "0")
 MAX_NEW = 6
@@ -48,7 +50,7 @@ RTOL = 1e-4
 
 def test_fixtures_present():
     expected = {"mixtral", "mixtral_fused", "qwen2_moe", "qwen3_moe", "qwen3_moe_fused", "deepseek_v2",
-                "deepseek_v2_lora"}
+                "deepseek_v2_lora", "deepseek_v3", "deepseek_v3_flat"}
     assert expected <= set(NAMES), sorted(expected - set(NAMES))
 
 

@@ -1,6 +1,7 @@
 """te_async.routing: the plain-JAX routing against a float64 NumPy reference (every backend), and
 the CUDA routing kernel against the plain-JAX routing (GPU), on random logits, exact ties and
-adversarial routings, in every top-k variant the models use."""
+adversarial routings, in every top-k variant the models use: softmax scoring (Mixtral, Qwen,
+DeepSeek-V2) and DeepSeek-V3's sigmoid scoring with its correction bias (plain JAX only)."""
 
 import jax
 import jax.numpy as jnp
@@ -24,21 +25,38 @@ VARIANTS = [
 ]
 
 
-def numpy_routing(logits, top_k, renormalize, scaling, n_group, topk_group):
-    """float64, one token at a time; ties go to the lower index (a stable sort on -value)."""
+# DeepSeek-V3 (and Kimi-K2's 384 experts), Moonlight (DeepSeek-V3's router, one group), odd sizes.
+SIGMOID_VARIANTS = [
+    (256, 8, True, 2.5, 8, 4),
+    (384, 8, True, 2.827, 1, 1),
+    (64, 6, True, 2.446, 1, 1),
+    (33, 3, False, 0.5, 3, 2),
+]
+
+
+def numpy_routing(logits, top_k, renormalize, scaling, n_group, topk_group, scoring="softmax", bias=None):
+    """float64, one token at a time; ties go to the lower index (a stable sort on -value). Sigmoid:
+    DeepSeek-V3's choice by score + bias, groups ranked by the sum of their two best, weights the
+    unbiased scores."""
     logits = np.asarray(logits, np.float64)
     t, e = logits.shape
     weights, experts = np.zeros((t, top_k)), np.zeros((t, top_k), np.int64)
     for i in range(t):
-        p = np.exp(logits[i] - logits[i].max())
-        p /= p.sum()
+        if scoring == "softmax":
+            p = np.exp(logits[i] - logits[i].max())
+            p /= p.sum()
+            choice = p
+        else:
+            p = 1 / (1 + np.exp(-logits[i]))
+            choice = p + (0 if bias is None else np.asarray(bias, np.float64))
         if n_group > 1:
-            best = p.reshape(n_group, -1).max(axis=1)
+            groups = choice.reshape(n_group, -1)
+            best = groups.max(axis=1) if scoring == "softmax" else np.sort(groups, axis=1)[:, -2:].sum(axis=1)
             kept = np.argsort(-best, kind="stable")[:topk_group]
             mask = np.zeros(n_group, bool)
             mask[kept] = True
-            p = np.where(np.repeat(mask, e // n_group), p, 0.0)
-        experts[i] = np.argsort(-p, kind="stable")[:top_k]
+            choice = np.where(np.repeat(mask, e // n_group), choice, 0.0 if scoring == "softmax" else -np.inf)
+        experts[i] = np.argsort(-choice, kind="stable")[:top_k]
         weights[i] = p[experts[i]]
         if renormalize:
             weights[i] /= weights[i].sum()
@@ -84,6 +102,47 @@ def test_reference_matches_numpy(rng, variant, kind):
     check_dispatch(plan_dispatch(routing.experts, experts), np.asarray(routing.experts), experts)
 
 
+@pytest.mark.parametrize("variant", SIGMOID_VARIANTS)
+@pytest.mark.parametrize("kind", ["random", "ties", "all_equal", "one_expert"])
+def test_sigmoid_reference_matches_numpy(rng, variant, kind):
+    """With a correction bias on random scores (no near ties in either precision), without one on
+    the tied ones (exact ties stay exact)."""
+    experts, top_k, renormalize, scaling, n_group, topk_group = variant
+    logits = random_logits(rng, 13, experts, kind)
+    bias = (0.1 * rng.standard_normal(experts)).astype(np.float32) if kind in ("random", "one_expert") else None
+    routing, dispatch = route(jnp.asarray(logits), top_k, renormalize=renormalize, scaling=scaling, n_group=n_group,
+                              topk_group=topk_group, scoring="sigmoid",
+                              correction_bias=None if bias is None else jnp.asarray(bias))
+    w_ref, e_ref = numpy_routing(logits, top_k, renormalize, scaling, n_group, topk_group, "sigmoid", bias)
+    np.testing.assert_array_equal(routing.experts, e_ref)
+    np.testing.assert_allclose(routing.weights, w_ref, rtol=2e-6, atol=1e-7)
+    check_dispatch(dispatch, np.asarray(routing.experts), experts)
+
+
+def test_sigmoid_bias_chooses_and_does_not_weigh(rng):
+    """The bias moves the choice (a large bias on expert 3 puts it in every token's top-k) but not
+    the weight: expert 3's weight is its plain sigmoid score."""
+    logits = random_logits(rng, 5, 16, "random")
+    bias = np.zeros(16, np.float32)
+    bias[3] = 5.0
+    routing, _ = route(jnp.asarray(logits), 4, renormalize=False, scoring="sigmoid", correction_bias=jnp.asarray(bias))
+    chosen = np.asarray(routing.experts)
+    assert (chosen[:, 0] == 3).all()
+    np.testing.assert_allclose(np.asarray(routing.weights)[:, 0], 1 / (1 + np.exp(-logits[:, 3])), rtol=1e-6)
+
+
+def test_sigmoid_gradient_flows_through_the_weights(rng):
+    """d(sum of weights)/d(logits) is the chosen experts' sigmoid derivative, zero elsewhere."""
+    logits = jnp.asarray(random_logits(rng, 3, 12, "random"))
+    f = lambda l: route(l, 2, renormalize=False, scoring="sigmoid")[0].weights.sum()
+    grad = np.asarray(jax.grad(f)(logits))
+    chosen = np.asarray(route(logits, 2, renormalize=False, scoring="sigmoid")[0].experts)
+    s = 1 / (1 + np.exp(-np.asarray(logits, np.float64)))
+    want = np.zeros_like(s)
+    np.put_along_axis(want, chosen, np.take_along_axis(s * (1 - s), chosen, axis=1), axis=1)
+    np.testing.assert_allclose(grad, want, rtol=1e-5, atol=1e-7)
+
+
 def test_route_xla_is_the_reference(rng):
     logits = jnp.asarray(random_logits(rng, 9, 64, "random"))
     routing, dispatch = route(logits, 6, renormalize=False, kernel="xla")
@@ -100,6 +159,11 @@ def test_route_xla_is_the_reference(rng):
     (dict(n_group=8, topk_group=9), "topk_group"),
     (dict(n_group=8, topk_group=1, top_k=9), "hold fewer than top_k"),
     (dict(kernel="cuda"), "kernel must be one of"),
+    (dict(scoring="tanh"), "scoring must be one of"),
+    (dict(correction_bias=jnp.zeros(64)), "correction_bias must be"),
+    (dict(scoring="sigmoid", correction_bias=jnp.zeros(63)), "correction_bias must be"),
+    (dict(scoring="sigmoid", n_group=64, topk_group=2), "two best experts"),
+    (dict(scoring="sigmoid", kernel="te_async"), "kernel='te_async' needs"),
 ])
 def test_route_rejects_bad_arguments(kwargs, message):
     args = dict(top_k=2, renormalize=True) | kwargs

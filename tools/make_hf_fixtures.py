@@ -29,7 +29,7 @@ script checks every fixture against it too (it reproduces the logits to ~5e-7 an
 
 What the transformers 5.24.0 modeling files do (what te_async.models has to match)
 --------------------------------------------------------------------------------
-Common to all four (models/<type>/modeling_<type>.py):
+Common to all five (models/<type>/modeling_<type>.py):
   * Pre-norm decoder: h += attn(input_layernorm(h)); h += mlp(post_attention_layernorm(h));
     logits = lm_head(norm(h)). No tied embeddings (tie_word_embeddings false: lm_head.weight is
     stored). RMSNorm: x * rsqrt(mean(x^2) + eps) * weight, computed in float32, eps =
@@ -100,6 +100,21 @@ deepseek_v2 (DeepseekV2ForCausalLM), MLA:
   * MoE out = experts(x) + shared_experts(x), shared_experts a SwiGLU MLP with
     moe_intermediate_size * n_shared_experts, NOT gated.
 
+deepseek_v3 (DeepseekV3ForCausalLM): deepseek_v2's MLA, dense first layers and shared experts,
+with two differences:
+  * RoPE: interleaved as deepseek_v2 when rope_interleave (the default); with rope_interleave
+    false, rotate_half on q_pe and k_pe as stored (mixtral's convention).
+  * Router (mlp.gate, DeepseekV3TopkRouter, weight float32 [E, H] and the float32 buffer
+    e_score_correction_bias [E]), whatever scoring_func / topk_method say: scores =
+    sigmoid(x @ Wg.T); choice = scores + bias; group score = the SUM OF THE TWO largest choice
+    values in the group (n_group groups of E / n_group, also when n_group = 1); keep topk_group
+    groups, the others' choice set to -inf; top-k of choice; weights = the chosen experts'
+    scores WITHOUT the bias; renormalised (sum + 1e-20) if norm_topk_prob (honoured, unlike V2);
+    then times routed_scaling_factor.
+  * Hub configs also carry scoring_func "sigmoid", topk_method "noaux_tc" and
+    num_nextn_predict_layers (multi-token-prediction layers stored after the last decoder
+    layer, which transformers does not load).
+
 Safetensors names and shapes save_pretrained writes (E experts, H hidden, I moe intermediate,
 F dense intermediate, nh heads, nkv kv heads, hd head_dim, L = model.layers.{i}):
   all:        model.embed_tokens.weight [V, H]; model.norm.weight [H]; lm_head.weight [V, H];
@@ -125,6 +140,7 @@ F dense intermediate, nh heads, nkv kv heads, hd head_dim, L = model.layers.{i})
               MoE layers: L.mlp.gate.weight [E, H]; L.mlp.experts.{e}.{gate,up}_proj.weight [I, H],
               .down_proj.weight [H, I]; L.mlp.shared_experts.{gate,up}_proj.weight [I*ns, H],
               .down_proj.weight [H, I*ns]; dense layers as qwen2_moe
+  deepseek_v3: as deepseek_v2, plus L.mlp.gate.e_score_correction_bias [E] in MoE layers
 That per-expert naming is what transformers 5.24 WRITES (save_pretrained reverts its in-memory
 fused layout to the original checkpoint format by default). In memory, and in a checkpoint saved
 with save_pretrained(save_original_format=False), the experts are fused:
@@ -166,13 +182,23 @@ The fixtures (see FIXTURES below; all 97-token vocab, B=2, S=7, 6 new tokens):
                   3 layers, first_k_dense_replace 1, 16 experts top-3 "group_limited_greedy"
                   (n_group 4, topk_group 2), routed_scaling_factor 2.5, 2 shared experts (I 10
                   -> 20), rope_theta 40000, hub-style config
+  deepseek_v3     MLA with q LoRA 10: hidden 36, 4 heads, nope 6, rope 4, v 10, kv_lora 14,
+                  3 layers, first_k_dense_replace 1, 16 experts top-3, n_group 4, topk_group 2,
+                  norm_topk_prob true, routed_scaling_factor 2.5, 1 shared expert (I 10),
+                  rope_theta 30000, interleaved rope, hub-style config (with scoring_func,
+                  topk_method and num_nextn_predict_layers 0)
+  deepseek_v3_flat  no q LoRA: hidden 36, 3 heads, nope 4, rope 6, v 6, kv_lora 12, 3 layers,
+                  first_k_dense_replace 1, 12 experts top-4, n_group 1, norm_topk_prob false,
+                  routed_scaling_factor 1.5, 2 shared experts (I 6 -> 12), rope_interleave
+                  false, rope_theta 60000
 Every fixture has more experts than a decode step has tokens (2), so most groups are empty.
 
 Weights are redrawn after construction (transformers' std 0.02 init gives near-constant logits):
 N(0, 1) embeddings, N(0, gain^2 / fan_in) matrices (routers and lm_head with a larger gain so
-that routing and greedy tokens vary), N(0, 0.2^2) biases, 1 + N(0, 0.25^2) norm weights. Each
+that routing and greedy tokens vary), N(0, 0.2^2) biases, 1 + N(0, 0.25^2) norm weights, N(0, 0.3^2) correction biases (so that they
+move routing decisions). Each
 fixture's seed is the first at or after its base seed whose outputs are well conditioned: every
-router's k-th vs (k+1)-th probability gap (and group gap) >= 2e-4 in the forward and in every
+router's k-th vs (k+1)-th probability (or biased sigmoid score) gap (and group gap) >= 2e-4 in the forward and in every
 generation step, every greedy step's top-1 vs top-2 logit gap >= 2e-3, and each row's 6 new
 tokens take at least 3 distinct values. So a correct float32 implementation cannot flip a
 routing decision or a greedy token through rounding.
@@ -246,9 +272,32 @@ FIXTURES = [
             norm_topk_prob=False, rope_theta=40000.0, max_position_embeddings=64,
         ),
     ),
+    dict(
+        name="deepseek_v3", cls="DeepseekV3", seed=600, fused_copy=False, hub_config=True,
+        config=dict(
+            vocab_size=VOCAB, hidden_size=36, intermediate_size=20, moe_intermediate_size=10,
+            num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4, q_lora_rank=10,
+            kv_lora_rank=14, qk_nope_head_dim=6, qk_rope_head_dim=4, v_head_dim=10,
+            n_routed_experts=16, num_experts_per_tok=3, n_shared_experts=1, first_k_dense_replace=1,
+            n_group=4, topk_group=2, routed_scaling_factor=2.5, norm_topk_prob=True,
+            rope_interleave=True, rope_theta=30000.0, max_position_embeddings=64,
+        ),
+    ),
+    dict(
+        name="deepseek_v3_flat", cls="DeepseekV3", seed=700, fused_copy=False, hub_config=False,
+        config=dict(
+            vocab_size=VOCAB, hidden_size=36, intermediate_size=20, moe_intermediate_size=6,
+            num_hidden_layers=3, num_attention_heads=3, num_key_value_heads=3, q_lora_rank=None,
+            kv_lora_rank=12, qk_nope_head_dim=4, qk_rope_head_dim=6, v_head_dim=6,
+            n_routed_experts=12, num_experts_per_tok=4, n_shared_experts=2, first_k_dense_replace=1,
+            n_group=1, topk_group=1, routed_scaling_factor=1.5, norm_topk_prob=False,
+            rope_interleave=False, rope_theta=60000.0, max_position_embeddings=64,
+        ),
+    ),
 ]
 
 GAINS = {"gate": 2.5, "lm_head": 3.0}  # routers ("...mlp.gate.weight") and the output head
+CORRECTION_BIAS_STD = 0.3  # DeepSeek-V3's e_score_correction_bias (a buffer, drawn apart)
 
 
 def build(fx: dict, seed: int):
@@ -278,6 +327,9 @@ def build(fx: dict, seed: int):
                 elif name.startswith("lm_head"):
                     gain = GAINS["lm_head"]
                 p.copy_(torch.randn(p.shape, generator=g) * (gain / p.shape[-1] ** 0.5))
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(CORRECTION_BIAS_STD * torch.randn(b.shape, generator=g))
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = None
     model.generation_config.bos_token_id = None
@@ -292,6 +344,17 @@ def router_gaps(model, cfg) -> list:
 
     def hook(mod, inputs, output):
         logits = output[0].detach().float()
+        if cfg.model_type == "deepseek_v3":  # the choice by biased sigmoid scores, groups by their two best
+            p = logits.sigmoid() + mod.e_score_correction_bias
+            grp = p.view(p.shape[0], cfg.n_group, -1).topk(2, dim=-1).values.sum(-1)
+            if cfg.n_group > 1:
+                gs = grp.sort(dim=-1, descending=True).values
+                gaps.append(float((gs[:, cfg.topk_group - 1] - gs[:, cfg.topk_group]).min()))
+            keep = torch.zeros_like(grp).scatter_(1, grp.topk(cfg.topk_group, dim=-1).indices, 1.0)
+            p = p.masked_fill(keep.repeat_interleave(p.shape[1] // cfg.n_group, dim=1) == 0, float("-inf"))
+            s = p.sort(dim=-1, descending=True).values
+            gaps.append(float((s[:, k - 1] - s[:, k]).min()))
+            return
         p = torch.softmax(logits, dim=-1)
         if method == "group_limited_greedy":
             n_group, topk_group = cfg.n_group, cfg.topk_group
@@ -365,9 +428,12 @@ def hub_style(config_path: str) -> None:
     c["rope_scaling"] = None
     if c["model_type"] == "qwen3_moe":
         c["num_experts"] = c.pop("num_local_experts")
-    if c["model_type"] == "deepseek_v2":
+    if c["model_type"].startswith("deepseek"):
         c.pop("head_dim", None)
         c.pop("qk_head_dim", None)
+    if c["model_type"] == "deepseek_v3":  # as DeepSeek-V3's own config.json (transformers ignores these)
+        c.update(scoring_func="sigmoid", topk_method="noaux_tc", num_nextn_predict_layers=0)
+        c.pop("num_mtp_layers", None)
     with open(config_path, "w") as f:
         json.dump(c, f, indent=2, sort_keys=True)
         f.write("\n")
@@ -469,7 +535,7 @@ def main() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# A plain numpy float32 implementation of the four models, written from the notes above and
+# A plain numpy float32 implementation of the five models, written from the notes above and
 # independent of torch; main() checks every fixture against it (forward to 1e-5, greedy
 # generation recomputed without a cache to the exact tokens), so the notes are checked too.
 # It needs only numpy and safetensors.
@@ -545,7 +611,7 @@ def _attention(w, p, cfg, x, pos):
     B, S, _ = x.shape
     nh, eps = cfg["num_attention_heads"], cfg["rms_norm_eps"]
     lin = lambda name, y: y @ w[p + name + ".weight"].T + w.get(p + name + ".bias", 0)
-    if cfg["model_type"] == "deepseek_v2":
+    if cfg["model_type"].startswith("deepseek"):
         nope, rope, vd = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
         if cfg.get("q_lora_rank") is None:
             q = lin("q_proj", x)
@@ -556,8 +622,9 @@ def _attention(w, p, cfg, x, pos):
         kv, k_pe = ckv[..., : cfg["kv_lora_rank"]], ckv[..., cfg["kv_lora_rank"]:]
         kv = lin("kv_b_proj", _rms(kv, w[p + "kv_a_layernorm.weight"], 1e-6)).reshape(B, S, nh, nope + vd)
         inv = _inv_freq(cfg, rope)
-        q_pe = _rope_interleaved(q[..., nope:], pos, inv)
-        k_pe = np.broadcast_to(_rope_interleaved(k_pe[:, :, None], pos, inv), (B, S, nh, rope))
+        rot = _rope_interleaved if cfg.get("rope_interleave", True) else _rope_half
+        q_pe = rot(q[..., nope:], pos, inv)
+        k_pe = np.broadcast_to(rot(k_pe[:, :, None], pos, inv), (B, S, nh, rope))
         qs = np.concatenate([q[..., :nope], q_pe], -1)
         ks = np.concatenate([kv[..., :nope], k_pe], -1)
         o = _attend(qs, ks, kv[..., nope:], (nope + rope) ** -0.5)
@@ -582,7 +649,7 @@ def _is_moe(cfg, i):
     t = cfg["model_type"]
     if t == "mixtral":
         return True
-    if t == "deepseek_v2":
+    if t.startswith("deepseek"):
         return i >= cfg.get("first_k_dense_replace", 0)
     n = cfg.get("num_experts", cfg.get("num_local_experts"))
     return i not in (cfg.get("mlp_only_layers") or []) and n > 0 and (i + 1) % cfg.get("decoder_sparse_step", 1) == 0
@@ -591,6 +658,8 @@ def _is_moe(cfg, i):
 def _moe(w, p, cfg, x):
     t, k = cfg["model_type"], cfg["num_experts_per_tok"]
     h = x.reshape(-1, x.shape[-1])
+    if t == "deepseek_v3":
+        return _moe_v3(w, p, cfg, h).reshape(x.shape)
     probs = _softmax(h @ w[p + "mlp.gate.weight"].T)
     scores = probs
     if t == "deepseek_v2" and cfg.get("topk_method") == "group_limited_greedy":
@@ -605,19 +674,42 @@ def _moe(w, p, cfg, x):
         wt = wt / wt.sum(-1, keepdims=True)
     if t == "deepseek_v2":
         wt = wt * np.float32(cfg.get("routed_scaling_factor", 1.0))
-    gu, dn = w[p + "mlp.experts.gate_up_proj"], w[p + "mlp.experts.down_proj"]
-    inter = dn.shape[-1]
-    out = np.zeros_like(h)
-    for r in range(len(h)):
-        for j in range(k):
-            a = gu[idx[r, j]] @ h[r]
-            out[r] += wt[r, j] * (dn[idx[r, j]] @ (_silu(a[:inter]) * a[inter:]))
+    out = _routed(w, p, h, idx, wt)
     if t == "qwen2_moe":
         gate = 1 / (1 + np.exp(-(h @ w[p + "mlp.shared_expert_gate.weight"].T)))
         out += gate * _swiglu(w, p + "mlp.shared_expert.", h)
     if t == "deepseek_v2":
         out += _swiglu(w, p + "mlp.shared_experts.", h)
     return out.reshape(x.shape)
+
+
+def _routed(w, p, h, idx, wt):
+    """sum_j wt[:, j] * expert_{idx[:, j]}(h)."""
+    gu, dn = w[p + "mlp.experts.gate_up_proj"], w[p + "mlp.experts.down_proj"]
+    inter = dn.shape[-1]
+    out = np.zeros_like(h)
+    for r in range(len(h)):
+        for j in range(idx.shape[1]):
+            a = gu[idx[r, j]] @ h[r]
+            out[r] += wt[r, j] * (dn[idx[r, j]] @ (_silu(a[:inter]) * a[inter:]))
+    return out
+
+
+def _moe_v3(w, p, cfg, h):
+    scores = 1 / (1 + np.exp(-(h @ w[p + "mlp.gate.weight"].T)))
+    choice = scores + w[p + "mlp.gate.e_score_correction_bias"]
+    g = choice.reshape(len(h), cfg["n_group"], -1)
+    group_score = np.sort(g, axis=-1)[..., -2:].sum(-1)
+    top_groups = np.argsort(-group_score, axis=-1, kind="stable")[:, : cfg["topk_group"]]
+    keep = np.zeros(g.shape[:2], bool)
+    np.put_along_axis(keep, top_groups, True, axis=1)
+    choice = np.where(np.repeat(keep, g.shape[2], axis=1), choice, -np.inf)
+    idx = np.argsort(-choice, axis=-1, kind="stable")[:, : cfg["num_experts_per_tok"]]
+    wt = np.take_along_axis(scores, idx, axis=-1)
+    if cfg["norm_topk_prob"]:
+        wt = wt / (wt.sum(-1, keepdims=True) + 1e-20)
+    wt = wt * np.float32(cfg["routed_scaling_factor"])
+    return _routed(w, p, h, idx, wt) + _swiglu(w, p + "mlp.shared_experts.", h)
 
 
 def np_forward(w, cfg, tokens):

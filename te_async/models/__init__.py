@@ -1,4 +1,4 @@
-"""MoE decoder-only transformers (Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-V2) as pure JAX functions
+"""MoE decoder-only transformers (Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-V2, DeepSeek-V3) as pure JAX functions
 over a params pytree, with the routed experts through te_async.grouped_mlp.
 
     params, config = load_hf(path)                       # a local Hugging Face checkpoint

@@ -9,8 +9,12 @@ import math
 import pathlib
 from typing import Optional
 
-MODEL_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2")
-TOPK_METHODS = ("greedy", "group_limited_greedy")
+MODEL_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3")
+DEEPSEEK_TYPES = ("deepseek_v2", "deepseek_v3")
+# greedy: top-k of the scores; group_limited_greedy: DeepSeek-V2's groups ranked by their best
+# softmax score; noaux_tc: DeepSeek-V3's sigmoid scores, chosen with a correction bias, groups
+# ranked by their two best (te_async.routing says more).
+TOPK_METHODS = ("greedy", "group_limited_greedy", "noaux_tc")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,18 +57,20 @@ class Config:
     qkv_bias: bool = False  # q/k/v projections (MLA: q_a_proj and kv_a_proj_with_mqa)
     o_bias: bool = False
     qk_norm: bool = False  # per-head RMSNorm of q and k before the rope (qwen3_moe)
-    # DeepSeek-V2 multi-head latent attention
+    # DeepSeek-V2/V3 multi-head latent attention
     q_lora_rank: Optional[int] = None
     kv_lora_rank: int = 0
     qk_nope_head_dim: int = 0
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
+    rope_interleave: bool = True  # the rope dims are DeepSeek's interleaved pairs (V3 may say false)
     # routing
     norm_topk_prob: bool = False
     routed_scaling_factor: float = 1.0
     topk_method: str = "greedy"
     n_group: int = 1
     topk_group: int = 1
+    scoring_func: str = "softmax"  # "sigmoid" with topk_method noaux_tc (DeepSeek-V3)
     # shared experts: DeepSeek's n_shared_experts * moe_intermediate_size, or Qwen2-MoE's gated one
     n_shared_experts: int = 0
     shared_expert_intermediate_size: int = 0
@@ -72,6 +78,7 @@ class Config:
     first_k_dense_replace: int = 0
     decoder_sparse_step: int = 1
     mlp_only_layers: tuple = ()
+    num_nextn_predict_layers: int = 0  # DeepSeek-V3's multi-token-prediction layers after the last: not loaded
     initializer_range: float = 0.02
 
     def __post_init__(self):
@@ -79,12 +86,12 @@ class Config:
 
     @property
     def is_mla(self) -> bool:
-        return self.model_type == "deepseek_v2"
+        return self.model_type in DEEPSEEK_TYPES
 
     @property
     def shared_intermediate_size(self) -> int:
         """FFN width of the shared experts (0: none)."""
-        if self.model_type == "deepseek_v2":
+        if self.model_type in DEEPSEEK_TYPES:
             return self.n_shared_experts * self.moe_intermediate_size
         return self.shared_expert_intermediate_size
 
@@ -99,7 +106,7 @@ class Config:
 
     def is_moe_layer(self, layer: int) -> bool:
         """The rule of each model's decoder layer in transformers."""
-        if self.model_type == "deepseek_v2":
+        if self.model_type in DEEPSEEK_TYPES:
             return layer >= self.first_k_dense_replace
         if self.model_type == "mixtral":
             return True
@@ -135,13 +142,19 @@ def _validate(c: Config) -> None:
         raise ValueError(f"num_experts_per_tok {c.num_experts_per_tok} > num_experts {c.num_experts}")
     if c.topk_method not in TOPK_METHODS:
         raise ValueError(f"topk_method must be one of {TOPK_METHODS}, got {c.topk_method!r}")
-    if c.topk_method == "group_limited_greedy":
+    if (c.scoring_func == "sigmoid") != (c.topk_method == "noaux_tc"):
+        raise ValueError(f"scoring_func 'sigmoid' goes with topk_method 'noaux_tc' and only with it; got "
+                         f"{c.scoring_func!r} and {c.topk_method!r}")
+    if c.topk_method != "greedy":
         if c.num_experts % c.n_group or not 0 < c.topk_group <= c.n_group:
-            raise ValueError(f"group_limited_greedy needs n_group ({c.n_group}) to divide num_experts "
+            raise ValueError(f"{c.topk_method} needs n_group ({c.n_group}) to divide num_experts "
                              f"({c.num_experts}) and 0 < topk_group ({c.topk_group}) <= n_group")
         if c.num_experts_per_tok > c.topk_group * (c.num_experts // c.n_group):
             raise ValueError(f"num_experts_per_tok {c.num_experts_per_tok} exceeds the experts of "
                              f"{c.topk_group} groups")
+        if c.topk_method == "noaux_tc" and c.n_group > 1 and c.num_experts // c.n_group < 2:
+            raise ValueError(f"noaux_tc ranks groups by their two best experts: n_group {c.n_group} leaves one "
+                             f"expert per group")
     if c.intermediate_size <= 0 and not all(map(c.is_moe_layer, range(c.num_hidden_layers))):
         raise ValueError("intermediate_size must be positive: the config has dense layers")
     if c.layer_types is not None and len(c.layer_types) != c.num_hidden_layers:
@@ -176,12 +189,20 @@ _DEFAULTS = {
                         routed_scaling_factor=1.0, topk_group=None, topk_method="greedy", norm_topk_prob=False,
                         v_head_dim=128, num_experts_per_tok=None, moe_intermediate_size=1407,
                         scoring_func="softmax"),
+    "deepseek_v3": dict(vocab_size=129280, hidden_size=7168, intermediate_size=18432, num_hidden_layers=61,
+                        num_attention_heads=128, num_key_value_heads=128, rms_norm_eps=1e-6, rope_theta=10000.0,
+                        max_position_embeddings=4096, attention_bias=False, first_k_dense_replace=3,
+                        kv_lora_rank=512, q_lora_rank=1536, n_group=8, n_routed_experts=256, n_shared_experts=1,
+                        qk_nope_head_dim=128, qk_rope_head_dim=64, routed_scaling_factor=2.5, topk_group=4,
+                        norm_topk_prob=True, v_head_dim=128, num_experts_per_tok=8, moe_intermediate_size=2048,
+                        rope_interleave=True, num_nextn_predict_layers=1),
 }
 
 # transformers' attribute_map: config.json may store a key under the other name (transformers
 # 5.24 writes Qwen3-MoE's num_experts as num_local_experts; the hub's files say num_experts).
 _ALIASES = {"qwen3_moe": {"num_experts": "num_local_experts"},
-            "mixtral": {"num_local_experts": "num_experts"}, "deepseek_v2": {"n_routed_experts": "num_experts"}}
+            "mixtral": {"num_local_experts": "num_experts"}, "deepseek_v2": {"n_routed_experts": "num_experts"},
+            "deepseek_v3": {"n_routed_experts": "num_local_experts", "num_nextn_predict_layers": "num_mtp_layers"}}
 
 
 def from_hf_dict(d: dict, source: str = "config") -> Config:
@@ -191,6 +212,10 @@ def from_hf_dict(d: dict, source: str = "config") -> Config:
     model_type = d.get("model_type")
     if model_type not in MODEL_TYPES:
         raise ValueError(f"{source}: unsupported model_type {model_type!r}; supported: {', '.join(MODEL_TYPES)}")
+    if d.get("quantization_config"):
+        method = d["quantization_config"].get("quant_method", "?") if isinstance(d["quantization_config"], dict) else "?"
+        raise ValueError(f"{source}: quantized checkpoints are not supported (quantization_config {method!r}); "
+                         f"convert the weights to bfloat16 first")
     h = {**_DEFAULTS[model_type], **d}
     for key, stored in _ALIASES.get(model_type, {}).items():
         if stored in d:
@@ -232,7 +257,7 @@ def _from_hf(h: dict, model_type: str, source: str) -> Config:
             kw.update(qkv_bias=bool(h["attention_bias"]), o_bias=bool(h["attention_bias"]), qk_norm=True,
                       sliding_window=h["sliding_window"] if h["use_sliding_window"] else None)
     else:
-        kw.update(_deepseek(h, source))
+        kw.update(_deepseek(h, model_type, source))
     try:
         return Config(**kw)
     except (TypeError, ValueError) as e:
@@ -270,20 +295,31 @@ def _qwen2_windows(h: dict, layers: int) -> dict:
     return dict(sliding_window=h["sliding_window"], layer_types=tuple(types))
 
 
-def _deepseek(h: dict, source: str) -> dict:
-    if h["mlp_bias"]:
+def _deepseek(h: dict, model_type: str, source: str) -> dict:
+    """DeepSeek-V2's and V3's keys. transformers' V3 router is always sigmoid + noaux_tc, whatever
+    scoring_func and topk_method say: a file that names another is refused, not silently reread."""
+    if h.get("mlp_bias"):
         raise ValueError(f"{source}: mlp_bias=true is not supported")
-    if h["scoring_func"] != "softmax":
-        raise ValueError(f"{source}: scoring_func {h['scoring_func']!r} is not supported (DeepSeek-V2 uses softmax)")
     if h.get("moe_layer_freq", 1) != 1:
         raise ValueError(f"{source}: moe_layer_freq {h['moe_layer_freq']} is not supported (transformers ignores it)")
-    if h["norm_topk_prob"]:
-        # transformers' DeepseekV2TopkRouter ignores it and DeepSeek's own code renormalises: refuse the
-        # ambiguity (no published DeepSeek-V2 checkpoint sets it).
-        raise ValueError(f"{source}: norm_topk_prob=true is not supported for deepseek_v2")
+    if model_type == "deepseek_v2":
+        if h["scoring_func"] != "softmax":
+            raise ValueError(f"{source}: scoring_func {h['scoring_func']!r} is not supported (DeepSeek-V2 uses softmax)")
+        if h["norm_topk_prob"]:
+            # transformers' DeepseekV2TopkRouter ignores it and DeepSeek's own code renormalises: refuse the
+            # ambiguity (no published DeepSeek-V2 checkpoint sets it).
+            raise ValueError(f"{source}: norm_topk_prob=true is not supported for deepseek_v2")
+        routing = dict(topk_method=h["topk_method"] or "greedy", norm_topk_prob=False)
+    else:
+        if h.get("scoring_func", "sigmoid") != "sigmoid" or h.get("topk_method", "noaux_tc") != "noaux_tc":
+            raise ValueError(f"{source}: deepseek_v3 routes by sigmoid scores and noaux_tc; the file says scoring_func "
+                             f"{h.get('scoring_func')!r}, topk_method {h.get('topk_method')!r}")
+        routing = dict(topk_method="noaux_tc", scoring_func="sigmoid", norm_topk_prob=bool(h["norm_topk_prob"]),
+                       rope_interleave=bool(h["rope_interleave"]),
+                       num_nextn_predict_layers=int(h["num_nextn_predict_layers"] or 0))
     return dict(
-        num_experts=h["n_routed_experts"], moe_intermediate_size=h["moe_intermediate_size"],
-        routed_scaling_factor=float(h["routed_scaling_factor"]), topk_method=h["topk_method"] or "greedy",
+        **routing, num_experts=h["n_routed_experts"], moe_intermediate_size=h["moe_intermediate_size"],
+        routed_scaling_factor=float(h["routed_scaling_factor"]),
         n_group=h["n_group"] or 1, topk_group=h["topk_group"] or 1, n_shared_experts=h["n_shared_experts"] or 0,
         first_k_dense_replace=h["first_k_dense_replace"], q_lora_rank=h["q_lora_rank"],
         kv_lora_rank=h["kv_lora_rank"], qk_nope_head_dim=h["qk_nope_head_dim"],

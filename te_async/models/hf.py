@@ -18,8 +18,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .config import read_config
-from .params import ROUTER_DTYPE, input_projections, layer_runs, param_shapes, per_layer
+from .config import DEEPSEEK_TYPES, read_config
+from .params import ROUTER_DTYPE, ROUTER_LEAVES, input_projections, layer_runs, param_shapes, per_layer
 
 # Buffers some checkpoints carry that are derived, not learned.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -85,8 +85,12 @@ class _Checkpoint:
         self.used.add(name)
         return handle.get_tensor(name)
 
-    def check_all_used(self) -> None:
-        unused = sorted(n for n in set(self.file_of) - self.used if not n.endswith(_IGNORED_SUFFIXES))
+    def check_all_used(self, ignored_layers=()) -> None:
+        """ignored_layers: decoder layers past the config's (DeepSeek-V3's multi-token prediction),
+        which transformers does not load either."""
+        ignored = tuple(f"model.layers.{i}." for i in ignored_layers)
+        unused = sorted(n for n in set(self.file_of) - self.used
+                        if not n.endswith(_IGNORED_SUFFIXES) and not n.startswith(ignored))
         if unused:
             more = f" and {len(unused) - 10} more" if len(unused) > 10 else ""
             raise ValueError(f"{self.directory}: tensors the config.json does not account for: "
@@ -147,8 +151,10 @@ def _moe(ckpt: _Checkpoint, prefix: str, model_type: str, shapes: dict) -> dict:
         prefix += "mlp."
     out = {"router": _linear(ckpt, f"{prefix}gate.weight", shapes["router"]),
            **_experts(ckpt, f"{prefix}experts.", names, shapes)}
+    if "router_bias" in shapes:
+        out["router_bias"] = ckpt.get(f"{prefix}gate.e_score_correction_bias", shapes["router_bias"])
     if "shared" in shapes:
-        shared = "shared_experts." if model_type == "deepseek_v2" else "shared_expert."
+        shared = "shared_experts." if model_type in DEEPSEEK_TYPES else "shared_expert."
         out["shared"] = _mlp(ckpt, prefix + shared, _MLP_NAMES, shapes["shared"])
     if "shared_gate" in shapes:
         out["shared_gate"] = _linear(ckpt, f"{prefix}shared_expert_gate.weight", shapes["shared_gate"])
@@ -198,7 +204,8 @@ def load_hf(path, dtype=None) -> tuple:
             stack = _set_layer(stack, layers.pop(), jnp.asarray(i - start, jnp.int32))
             if i == start + n - 1:
                 params.setdefault("layers", []).append(stack)
-        ckpt.check_all_used()
+        ckpt.check_all_used(ignored_layers=range(config.num_hidden_layers,
+                                                 config.num_hidden_layers + config.num_nextn_predict_layers))
     return params, config
 
 
@@ -212,5 +219,5 @@ def _set_layer(stack, layer, index):
 
 def _to_device(tree: dict, put) -> dict:
     return {k: _to_device(v, put) if isinstance(v, dict) else
-            (jnp.asarray(np.asarray(v, ROUTER_DTYPE)) if k == "router" else put(v)) for k, v in tree.items()}
+            (jnp.asarray(np.asarray(v, ROUTER_DTYPE)) if k in ROUTER_LEAVES else put(v)) for k, v in tree.items()}
 

@@ -1,4 +1,5 @@
-"""DeepSeek-V2 multi-head latent attention (transformers' DeepseekV2Attention, 5.24).
+"""DeepSeek-V2/V3 multi-head latent attention (transformers' DeepseekV2Attention and
+DeepseekV3Attention, 5.24).
 
 Queries come from q_proj, or from q_a_proj -> RMSNorm -> q_b_proj when q_lora_rank is set; each
 head splits into a no-rope part and a rope part. Keys and values come from one compressed latent:
@@ -36,8 +37,9 @@ def softmax_scale(cfg) -> float:
     return scale
 
 
-def _rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
-    return apply_rope(interleaved_to_half(x), cos, sin)
+def _rope(x: jax.Array, cos: jax.Array, sin: jax.Array, interleaved: bool) -> jax.Array:
+    """DeepSeek's interleaved pairs (V2, and V3 with rope_interleave), else the halves as stored."""
+    return apply_rope(interleaved_to_half(x) if interleaved else x, cos, sin)
 
 
 def mla_attention(p: dict, cfg, x: jax.Array, cos: jax.Array, sin: jax.Array, cache: Optional[dict],
@@ -51,10 +53,10 @@ def mla_attention(p: dict, cfg, x: jax.Array, cos: jax.Array, sin: jax.Array, ca
     else:
         q = linear(rms_norm(proj["q_a"], p["q_a_norm"], LATENT_NORM_EPS), p["wq_b"])
     q = q.reshape(b, s, heads, nope + rope_dim)
-    q_nope, q_pe = q[..., :nope], _rope(q[..., nope:], cos, sin)
+    q_nope, q_pe = q[..., :nope], _rope(q[..., nope:], cos, sin, cfg.rope_interleave)
     ckv = proj["kv_a"]
     c = rms_norm(ckv[..., :cfg.kv_lora_rank], p["kv_a_norm"], LATENT_NORM_EPS)
-    k_pe = _rope(ckv[..., None, cfg.kv_lora_rank:], cos, sin)[:, :, 0]  # [B, S, rope_dim]
+    k_pe = _rope(ckv[..., None, cfg.kv_lora_rank:], cos, sin, cfg.rope_interleave)[:, :, 0]  # [B, S, rope_dim]
     w_kv = p["wkv_b"].reshape(cfg.kv_lora_rank, heads, nope + vdim)
     scale = softmax_scale(cfg)
     if position is None:

@@ -4,7 +4,7 @@
 moe_sublayer is the decoder's whole MoE sub-layer, x + moe_block(rms_norm(x)). experts="te_async"
 in device mode with one token per step runs all of it as te_async.token_moe (the norm, the router,
 the routing and the routed and shared experts in one call of two kernels, where it applies: 16-bit,
-H <= 4096, up to 256 experts, no shared-expert gate), else moe_block runs the routed and the
+H <= 4096, up to 256 experts, no shared-expert gate, softmax scoring), else moe_block runs the routed and the
 shared experts in one kernel (te_async.token_ffn), else the routed experts fused with the
 permutation and the combine (te_async.decode_moe.fuses); "te_async_unfused" never fuses, for
 comparison. Routing is otherwise te_async.routing.route (one CUDA kernel at decode sizes).
@@ -62,7 +62,7 @@ def moe_block(p: dict, cfg, x: jax.Array, *, group_sizes_mode: Optional[str], ex
     shape = x.shape
     x = x.reshape(-1, shape[-1])
     with jax.named_scope("router"):
-        routing, dispatch = route(x, p["router"], cfg)
+        routing, dispatch = route(x, p, cfg)
     handle = mode = None
     if experts != "ragged_dot":
         mode = _mode(p, cfg, x.shape[0], group_sizes_mode)
@@ -112,10 +112,12 @@ def _mode(p: dict, cfg, tokens: int, group_sizes_mode: Optional[str]) -> str:
 def moe_sublayer(p: dict, norm_weight: jax.Array, cfg, x: jax.Array, *, group_sizes_mode: Optional[str],
                  experts: str, return_routing: bool = False):
     """x [..., H], the residual stream, -> x + moe_block(rms_norm(x)), and with return_routing the
-    experts each token chose. In device mode at one token, without a shared-expert gate, the
-    whole sub-layer is te_async.token_moe (one call of two kernels) where it applies."""
+    experts each token chose. In device mode at one token, without a shared-expert gate and with
+    softmax scoring, the whole sub-layer is te_async.token_moe (one call of two kernels) where it
+    applies."""
     tokens = x.reshape(-1, x.shape[-1])
-    if experts == "te_async" and not cfg.shared_expert_gate and tokens.shape[0] == 1:
+    fusable = not cfg.shared_expert_gate and cfg.scoring_func == "softmax"
+    if experts == "te_async" and fusable and tokens.shape[0] == 1:
         mode = _mode(p, cfg, 1, group_sizes_mode)
         norm = token_moe.Norm(norm_weight, cfg.rms_norm_eps, round_first=True)
         router = token_moe.Router(p["router"], cfg.num_experts_per_tok, **top_k_options(cfg))

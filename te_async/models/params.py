@@ -11,8 +11,9 @@ stack_layers the reverse. Linear weights are [in, out]. The attention's projecti
 input (q, k, v; MLA's q or q_a, and kv_a) are one weight "w_in", their columns side by side in
 input_projections' order, so that one GEMM reads them (their biases stay apart: "b" + the
 projection's name). The routed experts are "w_fc1" [E,H,2F] as [gate | up] and "w_fc2"
-[E,F,H], grouped_mlp's layout. Routers are float32 whatever the model's dtype: routing decisions
-are sensitive, and DeepSeek-V2 keeps its gate in float32 (transformers' _keep_in_fp32_modules).
+[E,F,H], grouped_mlp's layout. Routers ("router" [H,E], and DeepSeek-V3's correction bias
+"router_bias" [E]) are float32 whatever the model's dtype: routing decisions are sensitive, and
+DeepSeek keeps its gate in float32 (transformers' _keep_in_fp32_modules).
 """
 
 import functools
@@ -21,6 +22,7 @@ import jax
 import jax.numpy as jnp
 
 ROUTER_DTYPE = jnp.float32
+ROUTER_LEAVES = ("router", "router_bias")  # kept in ROUTER_DTYPE
 
 
 def input_projections(c) -> dict:
@@ -62,6 +64,8 @@ def _mlp_shapes(hidden: int, ffn: int) -> dict:
 def _moe_shapes(c) -> dict:
     h, e, f = c.hidden_size, c.num_experts, c.moe_intermediate_size
     s = {"router": (h, e), "w_fc1": (e, h, 2 * f), "w_fc2": (e, f, h)}
+    if c.scoring_func == "sigmoid":
+        s["router_bias"] = (e,)
     if c.shared_intermediate_size:
         s["shared"] = _mlp_shapes(h, c.shared_intermediate_size)
         if c.shared_expert_gate:
@@ -123,7 +127,7 @@ def param_shapes(config, dtype=jnp.bfloat16) -> dict:
 
     def leaf(path, shape):
         name = path[-1].key
-        return jax.ShapeDtypeStruct(shape, ROUTER_DTYPE if name == "router" else dtype)
+        return jax.ShapeDtypeStruct(shape, ROUTER_DTYPE if name in ROUTER_LEAVES else dtype)
 
     return jax.tree_util.tree_map_with_path(leaf, tree, is_leaf=_is_shape)
 
@@ -131,7 +135,7 @@ def param_shapes(config, dtype=jnp.bfloat16) -> dict:
 @functools.partial(jax.jit, static_argnames=("config", "dtype"))
 def init_params(config, key: jax.Array, dtype=jnp.bfloat16) -> dict:
     """Random params of the config's real sizes: weights normal(0, initializer_range), norms 1,
-    biases 0, as transformers initialises. One jitted program, made on the device;
+    biases (the router's too) 0, as transformers initialises. One jitted program, made on the device;
     jax.eval_shape(init_params, config, key) allocates nothing."""
     shapes = param_shapes(config, dtype)
     paths, treedef = jax.tree_util.tree_flatten_with_path(shapes)
@@ -141,7 +145,7 @@ def init_params(config, key: jax.Array, dtype=jnp.bfloat16) -> dict:
         name = path[-1].key
         if name.endswith("norm"):
             return jnp.ones(s.shape, s.dtype)
-        if name.startswith("b"):
+        if name.startswith("b") or name == "router_bias":
             return jnp.zeros(s.shape, s.dtype)
         return jax.random.normal(k, s.shape, s.dtype) * jnp.asarray(config.initializer_range, s.dtype)
 
