@@ -9,14 +9,16 @@ group-limited top-k (keep the topk_group groups whose best expert scores highest
 jax.lax.top_k's order (larger first, the lower index on ties); the k weights renormalised to sum to
 one when asked; then times `scaling`.
 
-scoring="sigmoid" is DeepSeek-V3's router (transformers' DeepseekV3TopkRouter, also GLM-4.5's and
-Kimi-K2's): scores sigmoid(logits); the experts are chosen by score + correction_bias (a learned
+scoring="sigmoid" is DeepSeek-V3's router (transformers' DeepseekV3TopkRouter; Glm4MoeTopkRouter
+is the same): scores sigmoid(logits); the experts are chosen by score + correction_bias (a learned
 [E] load-balancing bias, DeepSeek's "noaux_tc"), with n_group > 1 among the topk_group groups whose
 two best biased scores sum highest; the weights are the unbiased scores of the chosen experts. The
-CUDA kernel takes softmax only: sigmoid scoring runs plain JAX on every backend. The order is stable: rows of one expert keep the (token,
-choice) order. The kernel computes exp and the sums in its own order, so its weights may differ
-from the reference's in the last bits, and a near-tie may go the other way. Gradients flow to the
-logits through the chosen experts' weights, in both.
+CUDA kernel takes softmax only: sigmoid scoring runs plain JAX on every backend.
+
+The order is stable: rows of one expert keep the (token, choice) order. The kernel computes exp
+and the sums in its own order, so its weights may differ from the reference's in the last bits,
+and a near-tie may go the other way. Gradients flow to the logits through the chosen experts'
+weights, in both.
 """
 
 import functools

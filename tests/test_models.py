@@ -389,7 +389,8 @@ def test_bad_configs(change, match):
     (dict(topk_method="group_limited_greedy"), "deepseek_v3 routes by sigmoid scores and noaux_tc"),
     (dict(n_group=8, topk_group=3), "noaux_tc ranks groups by their two best experts"),
     (dict(n_group=3), "noaux_tc needs n_group \\(3\\) to divide num_experts"),
-    (dict(quantization_config=dict(quant_method="fp8")), "quantized checkpoints are not supported \\(quantization_config 'fp8'\\)"),
+    (dict(quantization_config=dict(quant_method="fp8")),
+     "quantized checkpoints are not supported \\(quantization_config 'fp8'\\)"),
 ])
 def test_bad_deepseek_v3_configs(change, match):
     with pytest.raises(ValueError, match=match):

@@ -212,8 +212,9 @@ def from_hf_dict(d: dict, source: str = "config") -> Config:
     model_type = d.get("model_type")
     if model_type not in MODEL_TYPES:
         raise ValueError(f"{source}: unsupported model_type {model_type!r}; supported: {', '.join(MODEL_TYPES)}")
-    if d.get("quantization_config"):
-        method = d["quantization_config"].get("quant_method", "?") if isinstance(d["quantization_config"], dict) else "?"
+    quantization = d.get("quantization_config")
+    if quantization:
+        method = quantization.get("quant_method", "?") if isinstance(quantization, dict) else "?"
         raise ValueError(f"{source}: quantized checkpoints are not supported (quantization_config {method!r}); "
                          f"convert the weights to bfloat16 first")
     h = {**_DEFAULTS[model_type], **d}
@@ -304,7 +305,8 @@ def _deepseek(h: dict, model_type: str, source: str) -> dict:
         raise ValueError(f"{source}: moe_layer_freq {h['moe_layer_freq']} is not supported (transformers ignores it)")
     if model_type == "deepseek_v2":
         if h["scoring_func"] != "softmax":
-            raise ValueError(f"{source}: scoring_func {h['scoring_func']!r} is not supported (DeepSeek-V2 uses softmax)")
+            raise ValueError(f"{source}: scoring_func {h['scoring_func']!r} is not supported "
+                             f"(DeepSeek-V2 uses softmax)")
         if h["norm_topk_prob"]:
             # transformers' DeepseekV2TopkRouter ignores it and DeepSeek's own code renormalises: refuse the
             # ambiguity (no published DeepSeek-V2 checkpoint sets it).

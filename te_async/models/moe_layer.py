@@ -4,10 +4,10 @@
 moe_sublayer is the decoder's whole MoE sub-layer, x + moe_block(rms_norm(x)). experts="te_async"
 in device mode with one token per step runs all of it as te_async.token_moe (the norm, the router,
 the routing and the routed and shared experts in one call of two kernels, where it applies: 16-bit,
-H <= 4096, up to 256 experts, no shared-expert gate, softmax scoring), else moe_block runs the routed and the
-shared experts in one kernel (te_async.token_ffn), else the routed experts fused with the
-permutation and the combine (te_async.decode_moe.fuses); "te_async_unfused" never fuses, for
-comparison. Routing is otherwise te_async.routing.route (one CUDA kernel at decode sizes).
+H <= 4096, up to 256 experts, no shared-expert gate, softmax scoring), else moe_block runs the
+routed and the shared experts in one kernel (te_async.token_ffn), else the routed experts fused
+with the permutation and the combine (te_async.decode_moe.fuses); "te_async_unfused" never fuses,
+for comparison. Routing is otherwise te_async.routing.route (one CUDA kernel at decode sizes).
 
 Async mode issues te_async.copy_group_sizes right after routing, then the work that does not need
 the sizes (the shared experts and the token permutation), then the grouped GEMMs, whose launch
