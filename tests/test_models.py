@@ -294,7 +294,7 @@ def test_yarn_softmax_scale_of_deepseek_v2_lite():
 
 # --- presets, init_params, decode_bytes ---
 
-PUBLISHED_PARAMS = {"deepseek-v2-lite": 15.7e9, "qwen3-30b-a3b": 30.5e9, "mixtral-8x7b": 46.7e9}
+PUBLISHED_PARAMS = {"deepseek-v2-lite": 15.7e9, "qwen3-30b-a3b": 30.5e9, "mixtral-8x7b": 46.7e9, "deepseek-v3": 671e9}
 
 
 @pytest.mark.parametrize("name", list(PUBLISHED_PARAMS))

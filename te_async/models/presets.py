@@ -2,7 +2,12 @@
 
 The dicts are the keys of each model's published config.json on the Hugging Face hub that the
 forward reads (deepseek-ai/DeepSeek-V2-Lite, Qwen/Qwen3-30B-A3B, mistralai/Mixtral-8x7B-v0.1),
-read through the same from_hf_dict a checkpoint's config.json goes through.
+read through the same from_hf_dict a checkpoint's config.json goes through. deepseek-v3 is
+transformers 5.24's DeepseekV3Config defaults, which its docstring gives as DeepSeek-V3's (671.0e9
+parameters here, the published count without the multi-token-prediction layer), without the hub
+file's yarn rope scaling (it changes cos and sin, not what a step costs) and fp8 quantisation
+(te_async runs 16-bit weights). One H200 holds its embedding, dense layers and two or three of its
+58 MoE layers (22.5 GB each in bf16): benchmark it with num_hidden_layers=4 or 5.
 """
 
 import dataclasses
@@ -30,6 +35,7 @@ PUBLISHED = {
         "decoder_sparse_step": 1, "mlp_only_layers": [], "num_experts": 128, "num_experts_per_tok": 8,
         "moe_intermediate_size": 768, "norm_topk_prob": True, "hidden_act": "silu", "tie_word_embeddings": False,
     },
+    "deepseek-v3": {"model_type": "deepseek_v3"},
     "mixtral-8x7b": {
         "model_type": "mixtral", "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 14336,
         "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
