@@ -36,6 +36,9 @@ struct DeviceGemm {
   const int* run_if = nullptr;
 };
 
+// Host-side tile and block counts.
+constexpr int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
 // Each launcher enqueues on `stream` only (kernels, cudaMemsetAsync), checks every CUDA return
 // code and the launch error, and returns an FFI error naming the failure. The handler has checked
 // the shape (CheckGroupedGemm) and the plan before.
@@ -43,9 +46,6 @@ struct DeviceGemm {
 // the routing kernel's choice_of_row (moe_routing.cu) says where each sorted row comes from and
 // goes to, so that no permutation is materialised, and fc2 applies fc1's activation as it loads.
 // A dense MLP's second GEMM (dense_gemm.cc): the swiglu prologue alone.
-// Host-side tile and block counts.
-constexpr int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
 inline constexpr int64_t kSmallGroupsFusedMaxRows = 512;  // M of a fused call: its row table is in shared memory
 struct SmallGroupsFusion {
   const int32_t* choice_of_row = nullptr;  // [M], a permutation of [0, M); nullptr: no fusion

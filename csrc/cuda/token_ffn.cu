@@ -442,8 +442,8 @@ ffi::Error Poison(cudaStream_t stream, std::initializer_list<std::pair<void*, si
   return ffi::Error::Success();
 }
 
-// TokenFfnKernel over a.items blocks; after_routing: a programmatic
-// dependent launch behind RouteTokenKernel (compute capability 9.0 and up).
+// TokenFfnKernel over a.items blocks; after_routing: a programmatic dependent launch behind
+// RouteTokenKernel (compute capability 9.0 and up).
 ffi::Error LaunchFfn(const TokenFfnArgs& a, ffi::DataType type, bool after_routing, cudaStream_t stream) {
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(static_cast<unsigned>(a.items));
