@@ -13,6 +13,7 @@ from te_async import token_ffn, token_moe
 from te_async.moe import moe_block
 
 from reference import rel_error
+from test_routing import numpy_routing
 from test_token_ffn import TOL, swiglu64
 
 
@@ -21,20 +22,10 @@ def rounded(v, dtype):
 
 
 def route64(logits, router):
-    """softmax, group-limited top-k, renormalisation and scaling in float64: (experts, weights)."""
-    p = np.exp(logits - logits.max())
-    p /= p.sum()
-    if router.n_group > 1:
-        groups = p.reshape(router.n_group, -1)
-        kept = np.argsort(-groups.max(axis=1), kind="stable")[:router.topk_group]
-        mask = np.zeros_like(groups)
-        mask[kept] = 1
-        p = (groups * mask).reshape(-1)
-    experts = np.argsort(-p, kind="stable")[:router.top_k]
-    weights = p[experts]
-    if router.renormalize:
-        weights = weights / weights.sum()
-    return experts, weights * router.scaling
+    """One token's routing in float64 (test_routing's reference): (experts, weights)."""
+    weights, experts = numpy_routing(logits[None], router.top_k, router.renormalize, router.scaling, router.n_group,
+                                     router.topk_group)
+    return experts[0], weights[0]
 
 
 def reference(x, norm, router, w_fc1, w_fc2, shared, residual):
