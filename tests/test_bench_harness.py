@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from te_async.bench import __main__ as cli
-from te_async import dense, models
+from te_async import dense, models, token_ffn
 from te_async.bench import attention as attention_bench, decode_gemm, dense as dense_bench, prefill, presets, train
 
 from reference import grouped_gemm_reference, mlp_reference, random_group_sizes, rel_error
@@ -143,12 +143,13 @@ def test_dense_bench_shared_mlp_contenders_agree(rng):
         gate, lin = np.split(h, 2, axis=-1)
         want = rnd(gate / (1 + np.exp(-gate)) * lin) @ rnd(w2)
         for kernel in dense_bench.KERNELS:
-            fn = dense_bench._shared_mlp(kernel, rows)
+            fn = dense_bench._shared_mlp(kernel, rows, hidden)
             if fn is None:
                 assert kernel == "token_ffn" and rows > 1
                 continue
             got = np.asarray(dense_bench._unrolled(fn)(bf16(x), [(bf16(a), bf16(b)) for a, b in zip(w1, w2)]), np.float64)
             assert np.abs(got - want).max() < 2e-2 * np.abs(want).max(), (kernel, rows)
+    assert dense_bench._shared_mlp("token_ffn", 1, token_ffn.MAX_HIDDEN + 8) is None  # DeepSeek-V3's 7168: past the kernel
 
 
 @pytest.mark.parametrize("preset", ["tiny", "qwen3-30b-a3b"])

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import dense, models
+from .. import dense, models, token_ffn
 from ..models.ffn import swiglu_mlp
 from . import presets, timing
 
@@ -47,9 +47,9 @@ def gemms(config) -> dict:
     return out
 
 
-def _shared_mlp(kernel, rows):
-    if kernel == "token_ffn" and rows > 1:
-        return None  # one token only
+def _shared_mlp(kernel, rows, hidden):
+    if kernel == "token_ffn" and (rows > 1 or hidden > token_ffn.MAX_HIDDEN):
+        return None  # the kernel takes one token of at most MAX_HIDDEN features (DeepSeek-V3's 7168 are past it)
     return lambda x, w_gate_up, w_down: swiglu_mlp({"w_gate_up": w_gate_up, "w_down": w_down}, x, kernel)
 
 
@@ -76,7 +76,8 @@ def run(args) -> dict:
     if config.shared_intermediate_size:
         f = config.shared_intermediate_size
         cases["shared MLP"] = (config.hidden_size, [((layers, config.hidden_size, 2 * f), dtype),
-                                                    ((layers, f, config.hidden_size), dtype)], _shared_mlp)
+                                                    ((layers, f, config.hidden_size), dtype)],
+                                lambda kern, rows: _shared_mlp(kern, rows, config.hidden_size))
     print(f"dense: {name}, {layers} weight copies per call, HBM read {hbm / 1e12:.2f} TB/s, rows {rows_list}", flush=True)
     results = []
     for case, (k, weight_shapes, make) in cases.items():
