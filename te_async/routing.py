@@ -3,8 +3,8 @@ stable sort of the T*k (token, choice) pairs by expert (group sizes, the row ord
 
 route() runs one CUDA kernel for all of it (csrc/cuda/moe_routing.cu) on the GPU where the kernel
 applies (up to ROUTE_MAX_EXPERTS experts and ROUTE_MAX_CHOICES tokens x top_k: decode sizes), in
-place of about ten XLA kernels; elsewhere, and as the kernel's reference, plain JAX
-(route_reference, plan_dispatch). Both: softmax in float32; with n_group > 1, DeepSeek-V2's
+place of about ten XLA kernels, for either scoring; elsewhere, and as the kernel's reference, plain
+JAX (route_reference, plan_dispatch). Both: softmax in float32; with n_group > 1, DeepSeek-V2's
 group-limited top-k (keep the topk_group groups whose best expert scores highest, zero the rest);
 jax.lax.top_k's order (larger first, the lower index on ties); the k weights renormalised to sum to
 one when asked; then times `scaling`.
@@ -12,8 +12,9 @@ one when asked; then times `scaling`.
 scoring="sigmoid" is DeepSeek-V3's router (transformers' DeepseekV3TopkRouter; Glm4MoeTopkRouter
 is the same): scores sigmoid(logits); the experts are chosen by score + correction_bias (a learned
 [E] load-balancing bias, DeepSeek's "noaux_tc"), with n_group > 1 among the topk_group groups whose
-two best biased scores sum highest; the weights are the unbiased scores of the chosen experts. The
-CUDA kernel takes softmax only: sigmoid scoring runs plain JAX on every backend.
+two best biased scores sum highest (two equal scores both count); the weights are the unbiased
+scores of the chosen experts. The bias gets no gradient (a buffer the training updates by the
+experts' load, not by backpropagation).
 
 The order is stable: rows of one expert keep the (token, choice) order. The kernel computes exp
 and the sums in its own order, so its weights may differ from the reference's in the last bits,
@@ -53,11 +54,10 @@ def route_reference(logits: jax.Array, top_k: int, *, renormalize: bool, scaling
                     topk_group: int = 1, scoring: str = "softmax", correction_bias=None) -> Routing:
     """The routing in plain JAX, logits [T, E] (any float dtype; computed in float32)."""
     logits = logits.astype(jnp.float32)
+    scores = _scores(logits, scoring)
     if scoring == "softmax":
-        scores = jax.nn.softmax(logits, axis=-1)
         choice, group_score, masked = scores, lambda g: g.max(axis=-1), 0.0
     else:
-        scores = jax.nn.sigmoid(logits)
         choice = scores if correction_bias is None else scores + correction_bias.astype(jnp.float32)
         group_score, masked = lambda g: jax.lax.top_k(g, 2)[0].sum(axis=-1), -jnp.inf
     if n_group > 1:
@@ -70,6 +70,10 @@ def route_reference(logits: jax.Array, top_k: int, *, renormalize: bool, scaling
     if renormalize:
         weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
     return Routing(weights * scaling, experts.astype(jnp.int32))
+
+
+def _scores(logits, scoring: str):
+    return jax.nn.softmax(logits, axis=-1) if scoring == "softmax" else jax.nn.sigmoid(logits)
 
 
 def plan_dispatch(experts: jax.Array, num_experts: int) -> Dispatch:
@@ -127,11 +131,13 @@ def check_options(e: int, top_k: int, n_group: int, topk_group: int) -> None:
 def route(logits: jax.Array, top_k: int, *, renormalize: bool, scaling: float = 1.0, n_group: int = 1,
           topk_group: int = 1, scoring: str = "softmax", correction_bias=None, kernel: str = "auto") -> tuple:
     """logits [T, E] -> (Routing, Dispatch). kernel: "auto" (the CUDA kernel where the call is
-    lowered for a GPU and the kernel takes the sizes and the scoring, else plain JAX), "te_async"
+    lowered for a GPU and the kernel takes the sizes, else plain JAX), "te_async"
     (the kernel; an error where it cannot run) or "xla" (plain JAX, the reference)."""
     _check(logits, top_k, n_group, topk_group, kernel, scoring, correction_bias)
     t, e = logits.shape
     logits = logits.astype(jnp.float32)
+    if correction_bias is not None:
+        correction_bias = jax.lax.stop_gradient(jnp.asarray(correction_bias, jnp.float32))
     opts = dict(renormalize=bool(renormalize), scaling=float(scaling), n_group=n_group, topk_group=topk_group)
 
     def reference(l):
@@ -139,54 +145,56 @@ def route(logits: jax.Array, top_k: int, *, renormalize: bool, scaling: float = 
         return routing, plan_dispatch(routing.experts, e)
 
     def with_kernel(l):
-        return _route_kernel(l, top_k, **opts)
+        return _route_kernel(l, correction_bias, top_k, **opts, scoring=scoring)
 
-    applies = scoring == "softmax" and kernel_applies(t, e, top_k, n_group)
+    applies = kernel_applies(t, e, top_k, n_group)
     if kernel == "xla" or (kernel == "auto" and not applies):
         return reference(logits)
     if kernel == "te_async":
         if not (applies and plan.on_gpu()):
-            raise ValueError(f"kernel='te_async' needs a GPU, softmax scoring, at most {_limits()} (got T={t}, E={e}, "
-                             f"top_k={top_k}, n_group={n_group}, scoring={scoring!r})")
+            raise ValueError(f"kernel='te_async' needs a GPU and at most {_limits()} (got T={t}, E={e}, "
+                             f"top_k={top_k}, n_group={n_group})")
         return with_kernel(logits)
     return jax.lax.platform_dependent(logits, cuda=with_kernel, default=reference)
 
 
-def _route_kernel(logits, top_k, *, renormalize, scaling, n_group, topk_group):
+def _route_kernel(logits, correction_bias, top_k, *, renormalize, scaling, n_group, topk_group, scoring):
+    """correction_bias: float32 [E] without tangents, or None (the kernel takes [0])."""
     t, e = logits.shape
     n = t * top_k
+    bias = jnp.zeros((0,), jnp.float32) if correction_bias is None else correction_bias
     i32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)
     weights, experts, group_sizes, choice_of_row, row_of_choice = jax.ffi.ffi_call(
         ROUTE, (jax.ShapeDtypeStruct((t, top_k), jnp.float32), i32(t, top_k), i32(e), i32(n), i32(n)))(
-            jax.lax.stop_gradient(logits), top_k=top_k, n_group=n_group, topk_group=topk_group,
-            renormalize=renormalize, scaling=np.float32(scaling))
-    weights = _differentiable_weights(logits, weights, experts, renormalize, scaling)
+            jax.lax.stop_gradient(logits), bias, top_k=top_k, n_group=n_group, topk_group=topk_group,
+            renormalize=renormalize, scaling=np.float32(scaling), sigmoid=scoring == "sigmoid")
+    weights = _differentiable_weights(logits, weights, experts, renormalize, scaling, scoring)
     return Routing(weights, experts), Dispatch(group_sizes, choice_of_row // top_k, row_of_choice, choice_of_row)
 
 
-def _weights_of(logits, experts, renormalize: bool, scaling: float):
+def _weights_of(logits, experts, renormalize: bool, scaling: float, scoring: str):
     """The chosen experts' weights as a function of the logits: the top-k choice is piecewise
     constant, so this is what gradients flow through (the reference's derivative too)."""
-    weights = jnp.take_along_axis(jax.nn.softmax(logits, axis=-1), experts, axis=-1)
+    weights = jnp.take_along_axis(_scores(logits, scoring), experts, axis=-1)
     if renormalize:
         weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
     return weights * scaling
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
-def _differentiable_weights(logits, weights, experts, renormalize, scaling):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+def _differentiable_weights(logits, weights, experts, renormalize, scaling, scoring):
     """The kernel's weights, with _weights_of's gradient to the logits (the kernel itself only
     ever sees logits without tangents, so its integer outputs carry none)."""
     return weights
 
 
-def _differentiable_weights_fwd(logits, weights, experts, renormalize, scaling):
+def _differentiable_weights_fwd(logits, weights, experts, renormalize, scaling, scoring):
     return weights, (logits, experts)
 
 
-def _differentiable_weights_bwd(renormalize, scaling, residuals, cotangent):
+def _differentiable_weights_bwd(renormalize, scaling, scoring, residuals, cotangent):
     logits, experts = residuals
-    d_logits = jax.vjp(lambda l: _weights_of(l, experts, renormalize, scaling), logits)[1](cotangent)[0]
+    d_logits = jax.vjp(lambda l: _weights_of(l, experts, renormalize, scaling, scoring), logits)[1](cotangent)[0]
     return d_logits, None, None
 
 

@@ -1,7 +1,7 @@
 """te_async.routing: the plain-JAX routing against a float64 NumPy reference (every backend), and
 the CUDA routing kernel against the plain-JAX routing (GPU), on random logits, exact ties and
 adversarial routings, in every top-k variant the models use: softmax scoring (Mixtral, Qwen,
-DeepSeek-V2) and DeepSeek-V3's sigmoid scoring with its correction bias (plain JAX only)."""
+DeepSeek-V2) and DeepSeek-V3's sigmoid scoring with and without its correction bias."""
 
 import jax
 import jax.numpy as jnp
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from te_async import _ffi
-from te_async.routing import Dispatch, plan_dispatch, route, route_reference
+from te_async.routing import ROUTE, Dispatch, plan_dispatch, route, route_reference
 
 # (experts, top_k, renormalize, scaling, n_group, topk_group): Mixtral, Qwen3, DeepSeek-V2-Lite,
 # DeepSeek-V2's group-limited top-k, the kernel's largest expert count, and odd sizes.
@@ -32,6 +32,22 @@ SIGMOID_VARIANTS = [
     (64, 6, True, 2.446, 1, 1),
     (33, 3, False, 0.5, 3, 2),
 ]
+
+
+# The kernel's cases: VARIANTS, and small awkward groups for sigmoid's group rule (3 groups of 4;
+# 8 groups of 2, where a group's score is the sum of the whole group).
+KERNEL_VARIANTS = VARIANTS + [(12, 4, True, 1.0, 3, 2), (16, 4, False, 1.0, 8, 3)]
+
+# route()'s scorings as the kernel tests take them: sigmoid without and with a correction bias.
+KERNEL_SCORINGS = ["softmax", "sigmoid", "sigmoid_bias"]
+
+
+def scoring_kwargs(rng, scoring, experts):
+    """route()'s scoring arguments; sigmoid_bias draws a random [E] correction bias."""
+    if scoring == "softmax":
+        return {}
+    bias = jnp.asarray(0.1 * rng.standard_normal(experts), jnp.float32) if scoring == "sigmoid_bias" else None
+    return dict(scoring="sigmoid", correction_bias=bias)
 
 
 def numpy_routing(logits, top_k, renormalize, scaling, n_group, topk_group, scoring="softmax", bias=None):
@@ -132,11 +148,14 @@ def test_sigmoid_bias_chooses_and_does_not_weigh(rng):
 
 
 def test_sigmoid_gradient_flows_through_the_weights(rng):
-    """d(sum of weights)/d(logits) is the chosen experts' sigmoid derivative, zero elsewhere."""
+    """d(sum of weights)/d(logits) is the chosen experts' sigmoid derivative, zero elsewhere; the
+    correction bias gets none."""
     logits = jnp.asarray(random_logits(rng, 3, 12, "random"))
-    f = lambda l: route(l, 2, renormalize=False, scoring="sigmoid")[0].weights.sum()
-    grad = np.asarray(jax.grad(f)(logits))
-    chosen = np.asarray(route(logits, 2, renormalize=False, scoring="sigmoid")[0].experts)
+    bias = jnp.asarray(0.1 * rng.standard_normal(12), jnp.float32)
+    f = lambda l, b: route(l, 2, renormalize=False, scoring="sigmoid", correction_bias=b)[0].weights.sum()
+    grad, grad_bias = map(np.asarray, jax.grad(f, argnums=(0, 1))(logits, bias))
+    np.testing.assert_array_equal(grad_bias, np.zeros(12))
+    chosen = np.asarray(route(logits, 2, renormalize=False, scoring="sigmoid", correction_bias=bias)[0].experts)
     s = 1 / (1 + np.exp(-np.asarray(logits, np.float64)))
     want = np.zeros_like(s)
     np.put_along_axis(want, chosen, np.take_along_axis(s * (1 - s), chosen, axis=1), axis=1)
@@ -163,7 +182,6 @@ def test_route_xla_is_the_reference(rng):
     (dict(correction_bias=jnp.zeros(64)), "correction_bias must be"),
     (dict(scoring="sigmoid", correction_bias=jnp.zeros(63)), "correction_bias must be"),
     (dict(scoring="sigmoid", n_group=64, topk_group=2), "two best experts"),
-    (dict(scoring="sigmoid", kernel="te_async"), "kernel='te_async' needs"),
 ])
 def test_route_rejects_bad_arguments(kwargs, message):
     args = dict(top_k=2, renormalize=True) | kwargs
@@ -176,20 +194,40 @@ def test_route_rejects_non_matrix_logits():
         route(jnp.zeros((4, 2, 64)), 2, renormalize=True)
 
 
-def test_kernel_needs_a_gpu_and_decode_sizes():
+@pytest.mark.parametrize("scoring", ["softmax", "sigmoid"])
+def test_kernel_needs_a_gpu_and_decode_sizes(scoring):
     limit = _ffi.cuda_module().ROUTE_MAX_EXPERTS if _ffi.gpu_present() else 8
     with pytest.raises(ValueError, match="kernel='te_async' needs"):
-        route(jnp.zeros((2, limit + 8), jnp.float32), 2, renormalize=True, kernel="te_async")
+        route(jnp.zeros((2, limit + 8), jnp.float32), 2, renormalize=True, scoring=scoring, kernel="te_async")
+
+
+@pytest.mark.parametrize("kernel", ["xla", pytest.param("te_async", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("bias", [None, -2.0])
+def test_sigmoid_groups_by_their_two_best_and_never_picks_a_dropped_one(kernel, bias):
+    """Group 0 holds the logits 2, 2 and group 1 2.5, 0: by the sum of their two best sigmoid
+    scores (a best held twice counts twice) group 0 is kept, though group 1 holds the best expert;
+    by the best alone, or by two distinct values, group 1 would be. With a bias of -2 on every
+    expert the kept choice values are negative, and the dropped group's experts must still lose
+    (masked to -inf, not to 0)."""
+    logits = jnp.asarray([[2.0, 2.0, -5.0, -5.0, 2.5, 0.0, -5.0, -5.0]], jnp.float32)
+    correction_bias = None if bias is None else jnp.full((8,), bias, jnp.float32)
+    routing, dispatch = route(logits, 2, renormalize=False, n_group=2, topk_group=1, scoring="sigmoid",
+                              correction_bias=correction_bias, kernel=kernel)
+    np.testing.assert_array_equal(routing.experts, [[0, 1]])
+    np.testing.assert_allclose(routing.weights, np.full((1, 2), 1 / (1 + np.exp(-2.0))), rtol=1e-6)
+    np.testing.assert_array_equal(dispatch.group_sizes, [1, 1, 0, 0, 0, 0, 0, 0])
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant", KERNEL_VARIANTS)
 @pytest.mark.parametrize("kind", ["random", "ties", "all_equal", "one_expert"])
 @pytest.mark.parametrize("tokens", [1, 3, 8, 64, 257])
-def test_kernel_matches_reference(rng, variant, kind, tokens):
+@pytest.mark.parametrize("scoring", KERNEL_SCORINGS)
+def test_kernel_matches_reference(rng, variant, kind, tokens, scoring):
     experts, top_k, renormalize, scaling, n_group, topk_group = variant
     logits = jnp.asarray(random_logits(rng, tokens, experts, kind))
-    kw = dict(renormalize=renormalize, scaling=scaling, n_group=n_group, topk_group=topk_group)
+    kw = dict(renormalize=renormalize, scaling=scaling, n_group=n_group, topk_group=topk_group,
+              **scoring_kwargs(rng, scoring, experts))
     run = jax.jit(lambda l: route(l, top_k, kernel="te_async", **kw))
     routing, dispatch = run(logits)
     ref, ref_dispatch = route(logits, top_k, kernel="xla", **kw)
@@ -203,25 +241,60 @@ def test_kernel_matches_reference(rng, variant, kind, tokens):
 
 
 @pytest.mark.gpu
-def test_kernel_at_its_limits(rng):
+@pytest.mark.parametrize("scoring, n_group, topk_group", [("softmax", 1, 1), ("sigmoid_bias", 8, 4)])
+def test_kernel_at_its_limits(rng, scoring, n_group, topk_group):
+    """The most experts and choices, for sigmoid in DeepSeek-V3's groups."""
     module = _ffi.cuda_module()
     experts, top_k = module.ROUTE_MAX_EXPERTS, 8
     tokens = module.ROUTE_MAX_CHOICES // top_k
     logits = jnp.asarray(random_logits(rng, tokens, experts, "random"))
-    routing, dispatch = jax.jit(lambda l: route(l, top_k, renormalize=True, kernel="te_async"))(logits)
-    ref, _ = route(logits, top_k, renormalize=True, kernel="xla")
+    kw = dict(renormalize=True, n_group=n_group, topk_group=topk_group, **scoring_kwargs(rng, scoring, experts))
+    routing, dispatch = jax.jit(lambda l: route(l, top_k, kernel="te_async", **kw))(logits)
+    ref, _ = route(logits, top_k, kernel="xla", **kw)
     np.testing.assert_array_equal(routing.experts, ref.experts)
+    np.testing.assert_allclose(routing.weights, ref.weights, rtol=2e-6, atol=1e-7)
     check_dispatch(dispatch, np.asarray(ref.experts), experts)
     with pytest.raises(ValueError, match="kernel='te_async' needs"):
-        route(jnp.zeros((tokens + 1, experts), jnp.float32), top_k, renormalize=True, kernel="te_async")
+        route(jnp.zeros((tokens + 1, experts), jnp.float32), top_k, kernel="te_async", **kw)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("variant", [VARIANTS[2], VARIANTS[3], VARIANTS[4]])
-def test_kernel_gradient_matches_reference(rng, variant):
+@pytest.mark.parametrize("scoring", KERNEL_SCORINGS)
+def test_kernel_gradient_matches_reference(rng, variant, scoring):
+    """The gradient to the logits; the correction bias gets none on either path."""
     experts, top_k, renormalize, scaling, n_group, topk_group = variant
     logits = jnp.asarray(random_logits(rng, 5, experts, "random"))
     probe = jnp.asarray(rng.standard_normal((5, top_k)), jnp.float32)
-    kw = dict(renormalize=renormalize, scaling=scaling, n_group=n_group, topk_group=topk_group)
-    grad = lambda kernel: jax.jit(jax.grad(lambda l: jnp.sum(route(l, top_k, kernel=kernel, **kw)[0].weights * probe)))
-    np.testing.assert_allclose(grad("te_async")(logits), grad("xla")(logits), rtol=1e-5, atol=1e-7)
+    kw = dict(renormalize=renormalize, scaling=scaling, n_group=n_group, topk_group=topk_group,
+              **scoring_kwargs(rng, scoring, experts))
+    bias = kw.pop("correction_bias", None)
+
+    def grads(kernel):  # to the logits and the bias (None without one)
+        loss = lambda l, b: jnp.sum(route(l, top_k, kernel=kernel, correction_bias=b, **kw)[0].weights * probe)
+        return jax.jit(jax.grad(loss, argnums=(0, 1)))(logits, bias)
+
+    (got, got_bias), (want, want_bias) = grads("te_async"), grads("xla")
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+    if bias is not None:
+        np.testing.assert_array_equal(got_bias, np.zeros(experts))
+        np.testing.assert_array_equal(want_bias, np.zeros(experts))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bias_shape, sigmoid, n_group, message", [
+    ((31,), True, 1, r"correction bias must be \[E\] or \[0\]"),
+    ((1, 32), True, 1, r"correction bias must be \[E\] or \[0\]"),
+    ((32,), False, 1, "a correction bias needs sigmoid scoring"),
+    ((0,), True, 32, "two best experts: n_group 32 leaves 1 expert per group"),
+])
+def test_kernel_rejects_bad_bias_and_groups(bias_shape, sigmoid, n_group, message):
+    """The handler's own checks, past route()'s: the FFI call made directly, on 32 experts."""
+    t, e, k = 4, 32, 2
+    i32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)
+    call = jax.ffi.ffi_call(ROUTE, (jax.ShapeDtypeStruct((t, k), jnp.float32), i32(t, k), i32(e), i32(t * k),
+                                    i32(t * k)))
+    with pytest.raises(jax.errors.JaxRuntimeError, match=message):
+        jax.block_until_ready(call(jnp.zeros((t, e), jnp.float32), jnp.zeros(bias_shape, jnp.float32), top_k=k,
+                                   n_group=n_group, topk_group=1, renormalize=True, scaling=np.float32(1.0),
+                                   sigmoid=sigmoid))

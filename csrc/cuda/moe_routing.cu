@@ -5,7 +5,8 @@
 // CUDA graph. te_async/routing.py holds the JAX reference it must match.
 //
 // One block of 1024 threads (T*k <= kRouteMaxChoices, E <= kRouteMaxExperts: decode sizes).
-//   1. Warp per token: its top-k experts and weights (route_top_k.cuh).
+//   1. Warp per token: its top-k experts and weights (route_top_k.cuh), by softmax or by
+//      DeepSeek-V3's sigmoid scoring with its optional correction bias [E].
 //   2. Group sizes: integer atomics in shared memory (counts, so their order does not matter),
 //      then an exclusive scan by one warp.
 //   3. Order: warp w takes experts w, w+32, ...; for each it walks the choices in flat order
@@ -59,7 +60,9 @@ __device__ void RouteToken(const RouteArgs& a, int t, int lane, int* chosen_sh, 
   }
 }
 
-__global__ void __launch_bounds__(kRouteThreads) RouteKernel(RouteArgs a) {
+// One block per launch, so minBlocksPerSM 1: left open, ptxas held the kernel to 32 registers
+// once the sigmoid path was in and spilled (with it: 40, no spills).
+__global__ void __launch_bounds__(kRouteThreads, 1) RouteKernel(RouteArgs a) {
   __shared__ int chosen[kRouteMaxChoices];
   __shared__ int count[kRouteMaxExperts];
   __shared__ int offset[kRouteMaxExperts];
@@ -113,10 +116,12 @@ __global__ void __launch_bounds__(kRouteThreads) RouteKernel(RouteArgs a) {
   }
 }
 
-ffi::Error RouteDecode(cudaStream_t stream, ffi::Buffer<ffi::F32> logits, ffi::Result<ffi::Buffer<ffi::F32>> weights,
-                       ffi::Result<ffi::Buffer<ffi::S32>> experts, ffi::Result<ffi::Buffer<ffi::S32>> group_sizes,
-                       ffi::Result<ffi::Buffer<ffi::S32>> choice_of_row, ffi::Result<ffi::Buffer<ffi::S32>> row_of_choice,
-                       int64_t top_k, int64_t n_group, int64_t topk_group, bool renormalize, float scaling) {
+// bias: sigmoid's correction bias [E], or [0] for none.
+ffi::Error RouteDecode(cudaStream_t stream, ffi::Buffer<ffi::F32> logits, ffi::Buffer<ffi::F32> bias,
+                       ffi::Result<ffi::Buffer<ffi::F32>> weights, ffi::Result<ffi::Buffer<ffi::S32>> experts,
+                       ffi::Result<ffi::Buffer<ffi::S32>> group_sizes, ffi::Result<ffi::Buffer<ffi::S32>> choice_of_row,
+                       ffi::Result<ffi::Buffer<ffi::S32>> row_of_choice, int64_t top_k, int64_t n_group,
+                       int64_t topk_group, bool renormalize, float scaling, bool sigmoid) {
   auto bad = [](const std::string& why) { return ffi::Error::InvalidArgument("te_async route: " + why); };
   const auto ld = logits.dimensions();
   if (ld.size() != 2) return bad("logits must be [T, E]");
@@ -130,6 +135,14 @@ ffi::Error RouteDecode(cudaStream_t stream, ffi::Buffer<ffi::F32> logits, ffi::R
     return bad("n_group must divide E and be at most 32, 1 <= topk_group <= n_group; got n_group " +
                std::to_string(n_group) + ", topk_group " + std::to_string(topk_group));
   }
+  if (sigmoid && n_group > 1 && e / n_group < 2) {
+    return bad("sigmoid scoring ranks groups by their two best experts: n_group " + std::to_string(n_group) +
+               " leaves " + std::to_string(e / n_group) + " expert per group");
+  }
+  const auto bd = bias.dimensions();
+  if (bd.size() != 1 || (bd[0] != 0 && bd[0] != e)) return bad("the correction bias must be [E] or [0] (none)");
+  const bool biased = bd[0] != 0;
+  if (biased && !sigmoid) return bad("a correction bias needs sigmoid scoring");
   const auto want = [](auto& b, std::initializer_list<int64_t> dims) {
     const auto d = b->dimensions();
     return d.size() == dims.size() && std::equal(dims.begin(), dims.end(), d.begin());
@@ -140,7 +153,8 @@ ffi::Error RouteDecode(cudaStream_t stream, ffi::Buffer<ffi::F32> logits, ffi::R
   }
   RouteArgs a{logits.typed_data(), static_cast<int>(t),
               TopKOptions{static_cast<int>(e), static_cast<int>(top_k), static_cast<int>(n_group),
-                          static_cast<int>(topk_group), renormalize, scaling},
+                          static_cast<int>(topk_group), renormalize, scaling, sigmoid,
+                          biased ? bias.typed_data() : nullptr},
               weights->typed_data(), experts->typed_data(), group_sizes->typed_data(),
               choice_of_row->typed_data(), row_of_choice->typed_data()};
   if (PoisonOutputs()) {  // every output element is written: poison shows one that is not
@@ -162,6 +176,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(kRouteCuda, RouteDecode,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::S32>>()
                                   .Ret<ffi::Buffer<ffi::S32>>()
@@ -171,7 +186,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(kRouteCuda, RouteDecode,
                                   .Attr<int64_t>("n_group")
                                   .Attr<int64_t>("topk_group")
                                   .Attr<bool>("renormalize")
-                                  .Attr<float>("scaling"),
+                                  .Attr<float>("scaling")
+                                  .Attr<bool>("sigmoid"),
                               {ffi::Traits::kCmdBufferCompatible});
 
 }  // namespace te_async

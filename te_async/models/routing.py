@@ -6,7 +6,7 @@ groups with the best single expert and zeroes the rest), optional renormalisatio
 DeepSeek-V3 ("noaux_tc") scores by sigmoid instead and chooses with its correction bias
 (te_async.routing says how). This is transformers 5.24's MixtralTopKRouter, Qwen2MoeTopKRouter /
 Qwen3MoeTopKRouter, DeepseekV2TopkRouter and DeepseekV3TopkRouter, computed by
-te_async.routing.route (one CUDA kernel at decode sizes, for softmax scoring).
+te_async.routing.route (one CUDA kernel at decode sizes, for either scoring).
 """
 
 import jax
@@ -17,8 +17,8 @@ from ..routing import route as route_logits
 
 
 def top_k_options(cfg) -> dict:
-    """The config's softmax routing options, as te_async.routing.route and te_async.token_moe.Router
-    take them (route() adds the scoring)."""
+    """The config's top-k options, as te_async.routing.route and te_async.token_moe.Router take
+    them (route() adds the scoring and the correction bias; token_moe takes softmax only)."""
     grouped = cfg.topk_method != "greedy"
     return dict(renormalize=cfg.norm_topk_prob, scaling=cfg.routed_scaling_factor,
                 n_group=cfg.n_group if grouped else 1, topk_group=cfg.topk_group if grouped else 1)
