@@ -66,14 +66,19 @@ def route_reference(logits: jax.Array, top_k: int, *, renormalize: bool, scaling
         kept = jnp.zeros((t, n_group), bool).at[jnp.arange(t)[:, None], groups].set(True)
         choice = jnp.where(jnp.repeat(kept, e // n_group, axis=1), choice, masked)
     _, experts = jax.lax.top_k(choice, top_k)
-    weights = jnp.take_along_axis(scores, experts, axis=-1)
-    if renormalize:
-        weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
-    return Routing(weights * scaling, experts.astype(jnp.int32))
+    return Routing(_chosen_weights(scores, experts, renormalize, scaling), experts.astype(jnp.int32))
 
 
 def _scores(logits, scoring: str):
     return jax.nn.softmax(logits, axis=-1) if scoring == "softmax" else jax.nn.sigmoid(logits)
+
+
+def _chosen_weights(scores, experts, renormalize: bool, scaling: float):
+    """The chosen experts' scores, renormalised to sum to one when asked, times `scaling`."""
+    weights = jnp.take_along_axis(scores, experts, axis=-1)
+    if renormalize:
+        weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
+    return weights * scaling
 
 
 def plan_dispatch(experts: jax.Array, num_experts: int) -> Dispatch:
@@ -175,10 +180,7 @@ def _route_kernel(logits, correction_bias, top_k, *, renormalize, scaling, n_gro
 def _weights_of(logits, experts, renormalize: bool, scaling: float, scoring: str):
     """The chosen experts' weights as a function of the logits: the top-k choice is piecewise
     constant, so this is what gradients flow through (the reference's derivative too)."""
-    weights = jnp.take_along_axis(_scores(logits, scoring), experts, axis=-1)
-    if renormalize:
-        weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
-    return weights * scaling
+    return _chosen_weights(_scores(logits, scoring), experts, renormalize, scaling)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
