@@ -21,6 +21,9 @@ enum class DeviceKernel {
 // Up to this many ragged rows (tokens x top-k) the weights, not the math, set the time. The
 // default of TE_ASYNC_SMALL_GROUPS_MAX_ROWS, which Python reads and passes in.
 inline constexpr int64_t kSmallGroupsMaxRows = 512;
+// The tensor-core dense GEMM of a few rows (cuda/dense_mma.cu, for te_async.dense.linear) takes
+// up to this many rows: one mma's 16 rows.
+inline constexpr int64_t kDenseMmaMaxRows = 16;
 // Where the CUTLASS kernel can run, small_groups keeps only shapes of at most this many rows per
 // group on average: its FP32 FMAs grow with the rows an expert gets, the tensor-core kernel's time
 // does not. On an H200 the two tied at 1.5-2 rows per group (DeepSeek-V2-Lite T=16, Mixtral T=8);

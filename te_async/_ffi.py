@@ -27,6 +27,7 @@ except ImportError:  # built without a CUDA toolkit
 
 MAX_GROUPS: int = _te_async_cpu.MAX_GROUPS
 SMALL_GROUPS_MAX_ROWS: int = _te_async_cpu.SMALL_GROUPS_MAX_ROWS
+DENSE_MMA_MAX_ROWS: int = _te_async_cpu.DENSE_MMA_MAX_ROWS
 kernel_rule = _te_async_cpu.kernel_rule
 
 COPY_GROUP_SIZES = "te_async_copy_group_sizes"

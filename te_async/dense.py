@@ -14,10 +14,14 @@ which costs each scan trip 11-20 us of host time per such call on an H200,
 tools/scan_trip_probe.py: hidden where a layer keeps the GPU busy longer, as in the models' decode
 step; docs/benchmarks.md, "Tried and dropped: stacked weights read in place".)
 
-linear() takes this kernel up to MAX_ROWS rows ([K, N] weights only) and XLA's GEMM past it, for
-transposed weights (the LM head, [V, H]: XLA's GEMM took 93 us of GPU time at one row against
-101 for small_groups' [N, K] kernel on an H200) and off the GPU. docs/benchmarks.md, table DN, has
-the measurements behind MAX_ROWS: at 2 rows the two add up to about the same over a layer.
+That kernel spends one FMA per weight element and row, so past CUDA_CORE_ROWS rows its
+instruction issue, not the HBM, sets its time; there bf16 and f16 GEMMs whose K is a multiple of
+16 and N of 8 run a tensor-core kernel instead (csrc/cuda/dense_mma.cu: one mma per 8 columns and
+16 k-rows takes up to 16 rows at the cost of one, split K as above). linear() takes te_async's
+kernels up to MAX_ROWS rows ([K, N] weights only; past CUDA_CORE_ROWS only where the tensor-core
+kernel fits) and XLA's GEMM otherwise, for transposed weights (the LM head, [V, H]: XLA's GEMM
+took 93 us of GPU time at one row against 101 for small_groups' [N, K] kernel on an H200) and off
+the GPU. docs/benchmarks.md (tables DN and DM) has the measurements behind the two limits.
 """
 
 import functools
@@ -26,9 +30,13 @@ import math
 import jax
 import jax.numpy as jnp
 
+from . import _ffi
 from .mlp import activate
 
-MAX_ROWS = 2  # rows up to which linear() runs te_async's small-M kernel (see the module docstring)
+MAX_ROWS = 16  # rows up to which linear() runs te_async's kernels (see the module docstring)
+CUDA_CORE_ROWS = 2  # rows up to which they run the CUDA-core small-M kernel, past which the tensor-core one
+TENSOR_CORE_MAX_ROWS = _ffi.DENSE_MMA_MAX_ROWS  # the tensor-core kernel's limit
+TENSOR_CORE_DTYPES = ("bfloat16", "float16")
 KERNELS = ("auto", "te_async", "xla")
 DTYPES = ("bfloat16", "float16", "float32")  # the kernel's inputs; it writes their dtype or float32
 DENSE_GEMM = "te_async_dense_gemm"
@@ -42,7 +50,7 @@ def linear(x: jax.Array, w: jax.Array, *, transpose_w: bool = False, preferred_e
     the product reads te_async.mlp.activate(x, "swiglu") (silu(gate) * up in float32, rounded to
     x's dtype): a SwiGLU MLP's second GEMM. kernel: "auto" (te_async's small-M kernel up to MAX_ROWS
     rows, XLA's GEMM past them and for transpose_w), or "te_async" or "xla" whatever the rows (to
-    compare; "te_async" reads w [K, N] only)."""
+    compare; "te_async" reads w [K, N] only, on tensor cores where they would run under "auto")."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
     if kernel == "te_async" and transpose_w:
@@ -60,10 +68,13 @@ def linear(x: jax.Array, w: jax.Array, *, transpose_w: bool = False, preferred_e
     if kernel == "te_async" and not runs:
         raise ValueError(f"kernel='te_async' takes {DTYPES} inputs and writes their dtype or float32, "
                          f"got {x.dtype} -> {out_type}")
-    small_m = kernel == "te_async" or (kernel == "auto" and runs and 0 < rows <= MAX_ROWS and not transpose_w)
+    tensor_cores = (x.dtype.name in TENSOR_CORE_DTYPES and CUDA_CORE_ROWS < rows <= TENSOR_CORE_MAX_ROWS
+                    and k % 16 == 0 and n % 8 == 0)
+    small_m = kernel == "te_async" or (kernel == "auto" and runs and not transpose_w and 0 < rows <= MAX_ROWS
+                                       and (rows <= CUDA_CORE_ROWS or tensor_cores))
     if not small_m:
         return _xla(x, w, out_type, transpose_w, swiglu_input)
-    y = _small_m(x.reshape(rows, width), w, out_type, swiglu_input)
+    y = _small_m(x.reshape(rows, width), w, out_type, swiglu_input, tensor_cores)
     return y.reshape(*lead, n)
 
 
@@ -75,23 +86,25 @@ def _xla(x, w, out_type, transpose_w=False, swiglu_input=False):
                       preferred_element_type=jnp.float32).astype(out_type)
 
 
-def _kernel(x, w, out_type, swiglu_input):
+def _kernel(x, w, out_type, swiglu_input, tensor_cores):
     out = jax.ShapeDtypeStruct((x.shape[0], w.shape[1]), out_type)
-    return jax.ffi.ffi_call(DENSE_GEMM, out, vmap_method="sequential")(x, w, swiglu=swiglu_input)
+    return jax.ffi.ffi_call(DENSE_GEMM, out, vmap_method="sequential")(x, w, swiglu=swiglu_input,
+                                                                       tensor_cores=tensor_cores)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
-def _small_m(x, w, out_type, swiglu_input):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
+def _small_m(x, w, out_type, swiglu_input, tensor_cores):
     # The kernel where the call is lowered for a GPU; elsewhere XLA's GEMM of the same math.
-    return jax.lax.platform_dependent(x, w, cuda=functools.partial(_kernel, out_type=out_type, swiglu_input=swiglu_input),
+    kernel = functools.partial(_kernel, out_type=out_type, swiglu_input=swiglu_input, tensor_cores=tensor_cores)
+    return jax.lax.platform_dependent(x, w, cuda=kernel,
                                       default=functools.partial(_xla, out_type=out_type, swiglu_input=swiglu_input))
 
 
-def _small_m_fwd(x, w, out_type, swiglu_input):
-    return _small_m(x, w, out_type, swiglu_input), (x, w)
+def _small_m_fwd(x, w, out_type, swiglu_input, tensor_cores):
+    return _small_m(x, w, out_type, swiglu_input, tensor_cores), (x, w)
 
 
-def _small_m_bwd(out_type, swiglu_input, residuals, dy):
+def _small_m_bwd(out_type, swiglu_input, tensor_cores, residuals, dy):
     """The gradients of XLA's GEMM of the same math (decode needs none; training shapes run XLA)."""
     return jax.vjp(functools.partial(_xla, out_type=out_type, swiglu_input=swiglu_input), *residuals)[1](dy)
 

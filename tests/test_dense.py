@@ -1,8 +1,9 @@
-"""te_async.dense.linear against float64: both of its paths (te_async's small-M kernel up to
+"""te_async.dense.linear against float64: both of its paths (te_async's kernels up to
 dense.MAX_ROWS rows, XLA's GEMM past it and for transposed weights), the SwiGLU input, shapes that
-are not multiples of 8, and its errors; on the GPU the kernel itself at 1 to 11 rows (K split over
-a thread-block cluster where the columns are few), every dtype it takes, NaN-poisoned outputs
-under gpu_check.sh, bit-identical repeated runs, and its gradients."""
+are not multiples of 8, and its errors; on the GPU its two kernels (the CUDA-core small-M kernel
+and the tensor-core one) at 1 to 16 rows (K split over a thread-block cluster where the columns
+are few), every dtype they take, NaN-poisoned outputs under gpu_check.sh, bit-identical repeated
+runs, and its gradients."""
 
 import jax
 import jax.numpy as jnp
@@ -92,14 +93,48 @@ def test_linear_gradients(rng):
     (8, 4096, 96, jnp.bfloat16, None, False),
     (11, 700, 264, jnp.float32, None, True),              # two row chunks
     (1, 64, 4100, jnp.bfloat16, None, False),             # many column tiles, no split
+    # the tensor-core kernel (bf16 / f16, K a multiple of 16, N of 8, past CUDA_CORE_ROWS rows)
+    (3, 2048, 3648, jnp.bfloat16, jnp.float32, False),    # DeepSeek-V2-Lite's input projections at 3 rows
+    (8, 7168, 576, jnp.bfloat16, None, False),            # DeepSeek-V3's kv_a: few column tiles, K split
+    (16, 2816, 2048, jnp.bfloat16, None, True),           # 16 rows, swiglu fused
+    (9, 1536, 4104, jnp.float16, None, False),            # a last tile of 8 columns
+    (12, 16, 72, jnp.float16, jnp.float32, True),         # one k-step: most warps add nothing
+    (4, 18432, 128, jnp.bfloat16, jnp.float32, False),    # long K over a cluster
 ])
 def test_kernel_gpu(rng, rows, k, n, dtype, out, swiglu_input):
+    check_kernel(rng, rows, k, n, dtype, out, swiglu_input)
+
+
+def check_kernel(rng, rows, k, n, dtype, out, swiglu_input):
+    """kernel="te_async" against float64, on the tensor cores exactly where "auto" would take them,
+    and bit-identical over two runs."""
     x, w = operands(rng, (rows,), k, n, dtype, swiglu_input=swiglu_input)
     f = jax.jit(lambda x, w: dense.linear(x, w, preferred_element_type=out, kernel="te_async", swiglu_input=swiglu_input))
-    assert "te_async_dense_gemm" in f.lower(on_gpu(x), on_gpu(w)).as_text()
+    text = f.lower(on_gpu(x), on_gpu(w)).as_text()
+    tensor_cores = (dtype != jnp.float32 and dense.CUDA_CORE_ROWS < rows <= dense.TENSOR_CORE_MAX_ROWS
+                    and k % 16 == 0 and n % 8 == 0)
+    assert "te_async_dense_gemm" in text and f"tensor_cores = {str(tensor_cores).lower()}" in text
     y = np.asarray(f(on_gpu(x), on_gpu(w)), np.float64)
     assert rel_error(y, reference(x, w, swiglu_input=swiglu_input)) < TOL[out or dtype] * (10 if out else 1), (rows, k, n)
     assert np.array_equal(y, np.asarray(f(on_gpu(x), on_gpu(w)), np.float64)), "slice sums must not depend on the run"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [1, 2, 5, 8, 9, 15, 16])
+@pytest.mark.parametrize("dtype,out,swiglu_input", [(jnp.bfloat16, None, False), (jnp.float16, jnp.float32, True)])
+def test_tensor_cores_every_row_count(rng, monkeypatch, rows, dtype, out, swiglu_input):
+    """The tensor-core kernel at every row count it takes, the first two included (where "auto" runs
+    the CUDA-core kernel): rows past M are zero in its A fragments and never written."""
+    monkeypatch.setattr(dense, "CUDA_CORE_ROWS", 0)
+    check_kernel(rng, rows, int(rng.integers(1, 40)) * 16, int(rng.integers(1, 90)) * 8, dtype, out, swiglu_input)
+
+
+@pytest.mark.gpu
+def test_tensor_cores_reject_what_they_cannot_run():
+    """The handler's check of the Python rule: a call the tensor-core kernel cannot run is an error."""
+    x, w = on_gpu(jnp.ones((4, 32), jnp.float32)), on_gpu(jnp.ones((32, 8), jnp.float32))
+    with pytest.raises(Exception, match="tensor_cores takes bf16 or f16"):
+        jax.block_until_ready(dense._kernel(x, w, jnp.float32, False, True))
 
 
 @pytest.mark.gpu

@@ -24,6 +24,7 @@ NB_MODULE(_te_async_cpu, m) {
   });
   m.attr("MAX_GROUPS") = te_async::kMaxGroups;
   m.attr("SMALL_GROUPS_MAX_ROWS") = te_async::kSmallGroupsMaxRows;
+  m.attr("DENSE_MMA_MAX_ROWS") = te_async::kDenseMmaMaxRows;
   m.def(
       "kernel_rule",
       [](int64_t groups, int64_t rows, int64_t k, int64_t n, bool ragged_k, bool transpose_rhs,

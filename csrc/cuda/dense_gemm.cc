@@ -1,8 +1,10 @@
 // A dense x @ w of a few rows (te_async/dense.py): the decode step's projections, routers and
 // shared experts. small_groups with one group of all rows and no group sizes to load, K split over a
 // thread-block cluster where the columns alone would leave SMs idle (small_group_gemm.cu), so the
-// call is one kernel with no workspace. With swiglu, x is [M, 2K] and the GEMM reads
-// silu(x[:, :K]) * x[:, K:] (a SwiGLU MLP's second GEMM, its activation fused in).
+// call is one kernel with no workspace; with tensor_cores (te_async/dense.py decides), the
+// tensor-core kernel of dense_mma.cu, which takes 1 to 16 rows at the cost of one. With swiglu, x
+// is [M, 2K] and the GEMM reads silu(x[:, :K]) * x[:, K:] (a SwiGLU MLP's second GEMM, its
+// activation fused in).
 #include <string>
 
 #include "cuda/cuda_check.h"
@@ -15,7 +17,7 @@ namespace te_async {
 namespace {
 
 ffi::Error DenseGemm(cudaStream_t stream, int32_t device, ffi::AnyBuffer lhs, ffi::AnyBuffer rhs,
-                     ffi::Result<ffi::AnyBuffer> out, bool swiglu) {
+                     ffi::Result<ffi::AnyBuffer> out, bool swiglu, bool tensor_cores) {
   auto bad = [&](const std::string& what) {
     return ffi::Error::InvalidArgument("te_async dense_gemm: " + what + " (lhs " + Dims(lhs) + ", rhs " + Dims(rhs) +
                                        ", out " + Dims(*out) + ")");
@@ -32,14 +34,20 @@ ffi::Error DenseGemm(cudaStream_t stream, int32_t device, ffi::AnyBuffer lhs, ff
   if (rhs.element_type() != s.in_type) return bad("lhs and rhs must share a dtype");
   if (ld[0] != s.rows || od[1] != s.n) return bad("out must be [lhs rows, rhs columns]");
   if (ld[1] != (swiglu ? 2 * s.k : s.k)) return bad(swiglu ? "swiglu: lhs must have 2K columns" : "lhs must have K columns");
+  if (tensor_cores && !DenseMmaFits(s)) {
+    return bad("tensor_cores takes bf16 or f16 inputs, output that dtype or f32, 1 to " +
+               std::to_string(kDenseMmaMaxRows) + " rows, K a multiple of 16 and N of 8");
+  }
   auto info = QueryDevice(device);
   if (info.has_error()) return info.error();
   if (PoisonOutputs()) TE_ASYNC_CUDA(cudaMemsetAsync(out->untyped_data(), 0xff, out->size_bytes(), stream));
   if (out->element_count() == 0) return ffi::Error::Success();
 
+  const DeviceGemm g = DeviceGemmOf(s, lhs, rhs, nullptr, out->untyped_data(), *info, nullptr);
+  if (tensor_cores) return LaunchDenseMma(g, swiglu, stream);
   SmallGroupsFusion fusion;
   fusion.swiglu = swiglu;
-  return LaunchSmallGroups(DeviceGemmOf(s, lhs, rhs, nullptr, out->untyped_data(), *info, nullptr), stream, fusion);
+  return LaunchSmallGroups(g, stream, fusion);
 }
 
 }  // namespace
@@ -51,7 +59,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(kDenseGemmCuda, DenseGemm,
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
-                                  .Attr<bool>("swiglu"),
+                                  .Attr<bool>("swiglu")
+                                  .Attr<bool>("tensor_cores"),
                               {ffi::Traits::kCmdBufferCompatible});
 
 }  // namespace te_async

@@ -68,6 +68,12 @@ struct SmallGroupsSplitK {
 };
 SmallGroupsSplitK PlanSmallGroupsSplitK(const GroupedGemmShape& s, int compute_capability, int sm_count,
                                         int max_slices = 8);
+// The tensor-core dense GEMM of 1 to kDenseMmaMaxRows rows (dense_mma.cu, for dense_gemm.cc):
+// DenseMmaFits says whether a shape fits it (bf16 or f16 inputs, output that dtype or f32, one
+// group, rhs [K, N] with K a multiple of 16 and N of 8). Where lhs or rhs is not 16-byte aligned
+// the launch runs small_groups instead.
+bool DenseMmaFits(const GroupedGemmShape& s);
+xla::ffi::Error LaunchDenseMma(const DeviceGemm& g, bool swiglu, cudaStream_t stream);
 xla::ffi::Error LaunchPortable(const DeviceGemm& g, cudaStream_t stream);     // portable_grouped_gemm.cu
 // CUTLASS sm90a ptr-array grouped GEMM (cutlass_grouped_gemm*.cu) with the named config, built
 // when the CUTLASS headers are found (TE_ASYNC_HAVE_CUTLASS).

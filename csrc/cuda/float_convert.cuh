@@ -37,4 +37,8 @@ __device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float v) {
   return __float2bfloat16_rn(v);
 }
 
+// SwiGLU's activation of one (gate, up) pair in f32, as te_async.mlp.activate computes it before
+// rounding to the input dtype: silu(gate) * up.
+__device__ __forceinline__ float SwigluF32(float gate, float up) { return gate / (1.f + expf(-gate)) * up; }
+
 }  // namespace te_async

@@ -67,12 +67,10 @@
 #include <algorithm>
 #include <climits>
 #include <cstdint>
-#include <map>
-#include <mutex>
 #include <string>
-#include <tuple>
 #include <type_traits>
 
+#include "cuda/cluster_launch.h"
 #include "cuda/cuda_check.h"
 #include "cuda/device_gemm.h"
 #include "cuda/float_convert.cuh"
@@ -295,7 +293,7 @@ template <typename T, Fuse F>
 __device__ __forceinline__ float LoadActivation(const T* row, int K, int k) {
   if constexpr (Swiglu(F)) {
     const float g = LoadFloat(row + k), u = LoadFloat(row + K + k);
-    return ToFloat(FromFloat<T>(g / (1.f + expf(-g)) * u));
+    return ToFloat(FromFloat<T>(SwigluF32(g, u)));
   } else {
     return LoadFloat(row + k);
   }
@@ -740,49 +738,13 @@ void (*KnKernel(bool splits, const SmallGroupsFusion& fusion))(Args) {
   return splits ? SmallGroupsKnKernel<T, TO, kVec, true, Fuse::kNone> : SmallGroupsKnKernel<T, TO, kVec, false, Fuse::kNone>;
 }
 
-cudaLaunchConfig_t KnLaunchConfig(long long grid, int cluster, cudaStream_t stream, cudaLaunchAttribute& attr) {
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(grid));
-  config.blockDim = dim3(kThreads);
-  config.stream = stream;
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = static_cast<unsigned>(cluster);
-  attr.val.clusterDim.y = 1;
-  attr.val.clusterDim.z = 1;
-  config.attrs = &attr;
-  config.numAttrs = cluster > 1 ? 1 : 0;
-  return config;
-}
-
-// How many clusters of `slices` blocks of `kernel` can be resident at once on the current device,
-// asked once per (device, kernel, slices): a call may be re-captured every scan trip.
-ffi::ErrorOr<int> ResidentClusters(void (*kernel)(Args), int slices) {
-  static std::mutex mutex;
-  static std::map<std::tuple<int, const void*, int>, int> known;
-  int device = 0;
-  if (ffi::Error e = CudaStatus(cudaGetDevice(&device), "cudaGetDevice"); e.failure()) return ffi::Unexpected(e);
-  const auto key = std::make_tuple(device, reinterpret_cast<const void*>(kernel), slices);
-  std::lock_guard<std::mutex> lock(mutex);
-  if (auto it = known.find(key); it != known.end()) return it->second;
-  cudaLaunchAttribute attr;
-  const cudaLaunchConfig_t config = KnLaunchConfig(slices, slices, nullptr, attr);
-  int resident = 0;
-  if (ffi::Error e = CudaStatus(cudaOccupancyMaxActiveClusters(&resident, kernel, &config),
-                                "cudaOccupancyMaxActiveClusters (small_group_gemm)");
-      e.failure()) {
-    return ffi::Unexpected(e);
-  }
-  known[key] = resident;
-  return resident;
-}
-
 // The split for a call: PlanSmallGroupsSplitK's, with fewer slices while the clusters of the
 // items would not all be resident at once (a cluster's blocks share a GPC, so clusters of many
 // blocks fit fewer times than the SMs suggest; a second wave costs more than the split saves).
 ffi::ErrorOr<SmallGroupsSplitK> ResidentSplit(const DeviceGemm& g, void (*split_kernel)(Args), long long items) {
   SmallGroupsSplitK split = PlanSmallGroupsSplitK(g.s, g.compute_capability, g.sm_count);
   while (split.slices > 1) {
-    auto resident = ResidentClusters(split_kernel, split.slices);
+    auto resident = ResidentClusters(split_kernel, kThreads, split.slices);
     if (resident.has_error()) return ffi::Unexpected(resident.error());
     if (items <= *resident) break;
     split = PlanSmallGroupsSplitK(g.s, g.compute_capability, g.sm_count, split.slices - 1);
@@ -833,7 +795,7 @@ ffi::Error Launch(const DeviceGemm& g, const SmallGroupsFusion& fusion, cudaStre
     if (clusters > max_blocks / split.slices) clusters = max_blocks / split.slices;
     if (clusters < 1) clusters = 1;
     cudaLaunchAttribute attr;
-    const cudaLaunchConfig_t config = KnLaunchConfig(clusters * split.slices, split.slices, stream, attr);
+    const cudaLaunchConfig_t config = ClusterLaunchConfig(clusters * split.slices, kThreads, split.slices, stream, attr);
     return CudaStatus(cudaLaunchKernelEx(&config, kernel(split.slices > 1), a),
                       "launch of small_group_gemm kernel SmallGroupsKnKernel ([G,K,N] rhs)");
   }

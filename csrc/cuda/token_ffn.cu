@@ -361,7 +361,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) TokenFfnKernel(TokenFf
       [=](int col, float s) { h[col] = s; });
   for (int u = tid; u < units; u += kThreads) {
     const float gate = Rounded<T>(h[u]), lin = Rounded<T>(h[units + u]);
-    act[u] = Rounded<T>(gate / (1.f + expf(-gate)) * lin);
+    act[u] = Rounded<T>(SwigluF32(gate, lin));
   }
   __syncthreads();
   WeightedRowSum<T, kThreads>(

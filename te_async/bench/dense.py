@@ -1,10 +1,11 @@
-"""Dense GEMMs at decode sizes: te_async.dense.linear's small-M kernel against XLA's GEMM.
+"""Dense GEMMs at decode sizes: te_async.dense.linear's kernels against XLA's GEMM.
 
 The dense GEMMs of one MoE decoder layer of a model (on a GPU by default DeepSeek-V2-Lite's:
 the attention projections, the router, the shared experts' fc1 and fc2) and its LM head, at B
 rows (the batch of a decode step), each two ways: "te_async" (linear(..., kernel="te_async"):
-the small-M kernel, K split over a thread-block cluster; it reads [K, N] weights only, so the LM
-head, [V, H], has no te_async column) and "xla" (linear(..., kernel="xla"): XLA's dot). Also
+the CUDA-core small-M kernel up to dense.CUDA_CORE_ROWS rows, the tensor-core one past them where
+it fits, K split over a thread-block cluster; they read [K, N] weights only, so the LM head,
+[V, H], has no te_async column) and "xla" (linear(..., kernel="xla"): XLA's dot). Also
 "shared MLP": the shared experts' whole SwiGLU MLP (fc1, then fc2 with the activation fused into
 its load on the te_async path), the dense MLP the fused-decode issue names, also at one row as
 "token_ffn" (te_async.token_ffn: both GEMMs and the activation in one kernel). One call runs the GEMM on L
@@ -29,7 +30,7 @@ KERNELS = ("xla", "te_async", "token_ffn")
 
 def add_arguments(p) -> None:
     presets.add_argument(p)
-    p.add_argument("--rows", type=presets.positive_int, nargs="+", help="B, rows per GEMM (default: 1 2 4 8)")
+    p.add_argument("--rows", type=presets.positive_int, nargs="+", help="B, rows per GEMM (default: 1 2 4 8 16)")
     p.add_argument("--layers", type=presets.positive_int, help="weight copies per call (default: 26 on a GPU, 2 elsewhere)")
     p.add_argument("--reps", type=presets.positive_int, default=20, help="timing samples of 5 calls each (default: 20)")
 
@@ -62,7 +63,7 @@ def run(args) -> dict:
     gpu = jax.default_backend() == "gpu"
     name = presets.default_name(args.preset)
     config = presets.config(name)
-    rows_list = args.rows or ([1, 2, 4, 8] if gpu else [1, 2])
+    rows_list = args.rows or ([1, 2, 4, 8, 16] if gpu else [1, 2])
     layers = args.layers or (26 if gpu else 2)
     hbm = timing.hbm_bandwidth()
     dtype = jnp.bfloat16

@@ -1,0 +1,57 @@
+// Thread-block cluster launches of the split-K decode kernels (small_group_gemm.cu, dense_mma.cu):
+// the blocks of a cluster take the K slices of one output tile and add them through distributed
+// shared memory, so a launch must know how many such clusters fit on the GPU at once.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <map>
+#include <mutex>
+#include <tuple>
+
+#include "cuda/cuda_check.h"
+
+namespace te_async {
+
+// A launch of `grid` blocks of `threads` in clusters of `cluster` blocks (no cluster attribute for
+// 1); attr is the storage the config points at.
+inline cudaLaunchConfig_t ClusterLaunchConfig(long long grid, int threads, int cluster, cudaStream_t stream,
+                                              cudaLaunchAttribute& attr) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(grid));
+  config.blockDim = dim3(threads);
+  config.stream = stream;
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = static_cast<unsigned>(cluster);
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  config.attrs = &attr;
+  config.numAttrs = cluster > 1 ? 1 : 0;
+  return config;
+}
+
+// How many clusters of `slices` blocks of `kernel` can be resident at once on the current device
+// (a cluster's blocks share a GPC, so clusters of many blocks fit fewer times than the SMs
+// suggest), asked once per (device, kernel, slices): a call may be re-captured every scan trip.
+template <typename Args>
+xla::ffi::ErrorOr<int> ResidentClusters(void (*kernel)(Args), int threads, int slices) {
+  static std::mutex mutex;
+  static std::map<std::tuple<int, const void*, int>, int> known;
+  int device = 0;
+  if (auto e = CudaStatus(cudaGetDevice(&device), "cudaGetDevice"); e.failure()) return xla::ffi::Unexpected(e);
+  const auto key = std::make_tuple(device, reinterpret_cast<const void*>(kernel), slices);
+  std::lock_guard<std::mutex> lock(mutex);
+  if (auto it = known.find(key); it != known.end()) return it->second;
+  cudaLaunchAttribute attr;
+  cudaLaunchConfig_t config = ClusterLaunchConfig(slices, threads, slices, nullptr, attr);
+  config.numAttrs = 1;  // the occupancy query takes a cluster of 1 as well
+  int resident = 0;
+  if (auto e = CudaStatus(cudaOccupancyMaxActiveClusters(&resident, kernel, &config), "cudaOccupancyMaxActiveClusters");
+      e.failure()) {
+    return xla::ffi::Unexpected(e);
+  }
+  known[key] = resident;
+  return resident;
+}
+
+}  // namespace te_async
