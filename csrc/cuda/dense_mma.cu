@@ -19,7 +19,7 @@
 // K. The 8 warps of a block take interleaved k-steps of the block's K range, and their sums are
 // added in shared memory in warp order. Where the 64-column tiles are too few to fill the GPU, K
 // is split over a thread-block cluster whose blocks add their sums through distributed shared
-// memory in rank order (compute capability 9.0 and up). The split is chosen for whole waves
+// memory in rank order (compute capability 9.0 and up). The split is chosen by waves
 // (PlanDenseMma). Deterministic: no atomics, no workspace, one kernel.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -208,13 +208,14 @@ void (*KernelOf(bool split))(MmaArgs) {
 }
 
 // The K split of a call: of the slice counts the GPU can run (clusters of up to kMaxSlices blocks,
-// at least one k-step per warp), the one whose blocks fill their last wave best; fewer slices on
-// a tie (each adds a cluster's sum). A block's time is its K range, so the waves are what counts.
+// at least one k-step per warp), the one with the shortest time in waves: a block of S slices
+// takes 1/S of a whole-K block, and the tiles run ceil(tiles / resident clusters) waves of them.
+// Fewer slices on a tie (each adds a cluster's sum).
 template <typename T, typename TO, bool kSwiglu>
 ffi::ErrorOr<MmaArgs> PlanDenseMma(const DeviceGemm& g, MmaArgs a) {
   const long long tiles = CeilDiv(a.n, kTileN);
   const int most = g.compute_capability >= 90 ? static_cast<int>(std::min<long long>(kMaxSlices, a.k / (kStepK * kWarps))) : 1;
-  double best = -1.0;
+  double best = 0.0;
   a.slices = 1;
   a.slice_k = a.k;
   for (int want = 1; want <= std::max(most, 1); ++want) {
@@ -228,10 +229,9 @@ ffi::ErrorOr<MmaArgs> PlanDenseMma(const DeviceGemm& g, MmaArgs a) {
       resident = *clusters;
     }
     if (resident < 1) continue;
-    const double waves = static_cast<double>(tiles) / static_cast<double>(resident);
-    const double fill = waves / std::ceil(waves);
-    if (fill > best + 1e-9) {
-      best = fill;
+    const double waves = static_cast<double>(CeilDiv(tiles, resident)) / slices;
+    if (best == 0.0 || waves < best - 1e-9) {
+      best = waves;
       a.slices = slices;
       a.slice_k = slice_k;
     }
