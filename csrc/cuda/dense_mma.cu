@@ -19,8 +19,7 @@
 // K. The 8 warps of a block take interleaved k-steps of the block's K range, and their sums are
 // added in shared memory in warp order. Where the 64-column tiles are too few to fill the GPU, K
 // is split over a thread-block cluster whose blocks add their sums through distributed shared
-// memory in rank order (compute capability 9.0 and up). The split is chosen by waves
-// (PlanDenseMma). Deterministic: no atomics, no workspace, one kernel.
+// memory in rank order (compute capability 9.0 and up); PlanDenseMma says how many slices. Deterministic: no atomics, no workspace, one kernel.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -207,31 +206,32 @@ void (*KernelOf(bool split))(MmaArgs) {
   return split ? DenseMmaKernel<T, TO, kSwiglu, true> : DenseMmaKernel<T, TO, kSwiglu, false>;
 }
 
-// The K split of a call: of the slice counts the GPU can run (clusters of up to kMaxSlices blocks,
-// at least one k-step per warp), the one with the shortest time in waves: a block of S slices
-// takes 1/S of a whole-K block, and the tiles run ceil(tiles / resident clusters) waves of them.
-// Fewer slices on a tie (each adds a cluster's sum).
+// The K split of a call. A block keeps 32 KB of weights in flight, so the HBM is only kept busy
+// with (nearly) every slot of kBlocksPerSm blocks per SM taken. Where the 64-column tiles fit in
+// one wave, the most slices (up to kMaxSlices, at least one k-step per warp, no more blocks than
+// slots) whose clusters are all resident at once; a second wave of short blocks costs more than
+// it saves (DeepSeek-V2-Lite's [2048, 5632] on an H200, 2026-12-03: 14-17 us in two waves of six
+// slices against 9 for one wave of small_groups). Past one wave, the slices with the least time in
+// waves, ceil(tiles / resident clusters) / slices (DeepSeek-V3's [1536, 24576], 384 tiles: two
+// slices fill 2.9 of 3 waves where one fills 1.45 of 2); fewer on a tie.
 template <typename T, typename TO, bool kSwiglu>
 ffi::ErrorOr<MmaArgs> PlanDenseMma(const DeviceGemm& g, MmaArgs a) {
-  const long long tiles = CeilDiv(a.n, kTileN);
-  const int most = g.compute_capability >= 90 ? static_cast<int>(std::min<long long>(kMaxSlices, a.k / (kStepK * kWarps))) : 1;
-  double best = 0.0;
+  const long long tiles = CeilDiv(a.n, kTileN), slots = static_cast<long long>(kBlocksPerSm) * g.sm_count;
+  const long long most = g.compute_capability >= 90 ? std::min<long long>(kMaxSlices, a.k / (kStepK * kWarps)) : 1;
+  double best = static_cast<double>(CeilDiv(tiles, slots));  // one slice: whole-K blocks in waves of `slots`
   a.slices = 1;
   a.slice_k = a.k;
-  for (int want = 1; want <= std::max(most, 1); ++want) {
+  for (int want = 2; want <= most; ++want) {
     const int slice_k = static_cast<int>(CeilDiv(CeilDiv(a.k, want), kStepK) * kStepK);
     const int slices = static_cast<int>(CeilDiv(a.k, slice_k));
-    if (slices != want) continue;  // the same split as a smaller count
-    long long resident = static_cast<long long>(kBlocksPerSm) * g.sm_count;  // blocks of the unsplit kernel
-    if (slices > 1) {
-      auto clusters = ResidentClusters(KernelOf<T, TO, kSwiglu>(true), kThreads, slices);
-      if (clusters.has_error()) return ffi::Unexpected(clusters.error());
-      resident = *clusters;
-    }
-    if (resident < 1) continue;
-    const double waves = static_cast<double>(CeilDiv(tiles, resident)) / slices;
-    if (best == 0.0 || waves < best - 1e-9) {
-      best = waves;
+    if (slices != want) continue;                      // the same split as a smaller count
+    if (tiles <= slots && tiles * slices > slots) break;  // one wave: no more blocks than slots
+    auto clusters = ResidentClusters(KernelOf<T, TO, kSwiglu>(true), kThreads, slices);
+    if (clusters.has_error()) return ffi::Unexpected(clusters.error());
+    if (*clusters < 1) continue;
+    const long long waves = CeilDiv(tiles, *clusters);
+    if (tiles <= slots ? waves == 1 : static_cast<double>(waves) / slices < best - 1e-9) {
+      best = static_cast<double>(waves) / slices;
       a.slices = slices;
       a.slice_k = slice_k;
     }
