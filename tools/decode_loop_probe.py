@@ -5,7 +5,7 @@ every buffer keeps its address and XLA replays the step's CUDA graphs without up
 the layers scanned (`generate`) and written out (`generate_unrolled`). Writes decode_loop.json
 (with the run's environment) to --out.
 
-    python3 -P tools/decode_loop_probe.py [--preset deepseek-v2-lite] [--batches 1 8] [--loops ...] [--out DIR]
+    python3 -P tools/decode_loop_probe.py [--preset deepseek-v2-lite] [--layers N] [--batches 1 8] [--loops ...] [--out DIR]
 """
 import argparse
 import functools
@@ -39,6 +39,7 @@ def time_loop(step, state, steps: int) -> list:
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--preset", default="deepseek-v2-lite")
+    ap.add_argument("--layers", type=int, help="the first N decoder layers only (all by default)")
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--context", type=int, default=4096)
@@ -46,7 +47,7 @@ def main():
     ap.add_argument("--loops", nargs="+", choices=LOOPS, default=list(LOOPS))
     ap.add_argument("--out", type=pathlib.Path, default=pathlib.Path("."))
     args = ap.parse_args()
-    params, config = generate.load_model(args.preset, dtype=jnp.bfloat16 if jax.default_backend() == "gpu" else jnp.float32)
+    params, config = generate.load_model(args.preset, layers=args.layers, dtype=jnp.bfloat16 if jax.default_backend() == "gpu" else jnp.float32)
     start = args.context - args.steps - WARMUP - 1
     rows = []
     for batch in args.batches:
@@ -72,7 +73,7 @@ def main():
                 row[f"{loop}_speedup"] = row["generate_p50_ms"] / row[f"{loop}_p50_ms"]
         print(json.dumps(row), flush=True)
         rows.append(row)
-    result = dict(benchmark="decode_loop_probe", preset=args.preset, mode=args.mode, context=args.context,
+    result = dict(benchmark="decode_loop_probe", preset=args.preset, layers=args.layers, mode=args.mode, context=args.context,
                   steps=args.steps, environment=timing.environment(), results=rows)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "decode_loop.json").write_text(json.dumps(result, indent=1))
