@@ -19,11 +19,13 @@ instruction issue, not the HBM, sets its time; there bf16 and f16 GEMMs whose K 
 16 and N of 8 run a tensor-core kernel instead (csrc/cuda/dense_mma.cu: one mma per 8 columns and
 16 k-rows takes up to 16 rows at the cost of one, split K as above). linear() takes te_async's
 kernels up to MAX_ROWS rows ([K, N] weights only; past CUDA_CORE_ROWS only where the tensor-core
-kernel fits) and XLA's GEMM otherwise, for transposed weights (the LM head, [V, H]: XLA's GEMM
-took 93 us of GPU time at one row against 101 for small_groups' [N, K] kernel on an H200) and off
-the GPU. docs/benchmarks.md (tables DN and DM) has the measurements behind the two limits.
+kernel fits) and XLA's GEMM otherwise: for transposed weights (the LM head, [V, H]: XLA's GEMM
+took 93 us of GPU time at one row against 101 for small_groups' [N, K] kernel on an H200), off
+the GPU, and past CUDA_CORE_ROWS inside static_weight_slices(). docs/benchmarks.md (tables DN and DM) has the measurements behind the two limits.
 """
 
+import contextlib
+import contextvars
 import functools
 import math
 
@@ -37,6 +39,7 @@ MAX_ROWS = 16  # rows up to which linear() runs te_async's kernels (see the modu
 CUDA_CORE_ROWS = 2  # rows up to which they run the CUDA-core small-M kernel, past which the tensor-core one
 TENSOR_CORE_MAX_ROWS = _ffi.DENSE_MMA_MAX_ROWS  # the tensor-core kernel's limit
 TENSOR_CORE_DTYPES = ("bfloat16", "float16")
+_STATIC_SLICES = contextvars.ContextVar("te_async_dense_static_slices", default=False)
 KERNELS = ("auto", "te_async", "xla")
 DTYPES = ("bfloat16", "float16", "float32")  # the kernel's inputs; it writes their dtype or float32
 DENSE_GEMM = "te_async_dense_gemm"
@@ -71,11 +74,26 @@ def linear(x: jax.Array, w: jax.Array, *, transpose_w: bool = False, preferred_e
     tensor_cores = (x.dtype.name in TENSOR_CORE_DTYPES and CUDA_CORE_ROWS < rows <= TENSOR_CORE_MAX_ROWS
                     and k % 16 == 0 and n % 8 == 0)
     small_m = kernel == "te_async" or (kernel == "auto" and runs and not transpose_w and 0 < rows <= MAX_ROWS
-                                       and (rows <= CUDA_CORE_ROWS or tensor_cores))
+                                       and (rows <= CUDA_CORE_ROWS or (tensor_cores and not _STATIC_SLICES.get())))
     if not small_m:
         return _xla(x, w, out_type, transpose_w, swiglu_input)
     y = _small_m(x.reshape(rows, width), w, out_type, swiglu_input, tensor_cores)
     return y.reshape(*lead, n)
+
+
+@contextlib.contextmanager
+def static_weight_slices():
+    """Calls of linear() traced inside leave their GEMMs of more than CUDA_CORE_ROWS rows to XLA
+    ("auto" only): for weights that are static slices of stacked arrays, as in a decode step with
+    its layers written out, which XLA's GEMM reads in place, so that there is no copy to avoid,
+    and which it ran faster than the tensor-core kernel at DeepSeek-V3's widths (an H200,
+    2026-12-03, generate's loop at batch 8: 4.57 against 4.82 ms per token; scanned, where XLA
+    copies each slice first, the tensor-core kernel made the step 1.34x faster)."""
+    token = _STATIC_SLICES.set(True)
+    try:
+        yield
+    finally:
+        _STATIC_SLICES.reset(token)
 
 
 def _xla(x, w, out_type, transpose_w=False, swiglu_input=False):

@@ -71,6 +71,28 @@ def test_linear_errors():
                      kernel="te_async")
 
 
+@pytest.mark.parametrize("rows,k,n,dtype,kernel", [
+    (1, 64, 40, jnp.bfloat16, "cuda_core"), (2, 64, 40, jnp.float32, "cuda_core"),
+    (3, 64, 40, jnp.bfloat16, "tensor_cores"), (16, 2048, 576, jnp.float16, "tensor_cores"),
+    (17, 64, 40, jnp.bfloat16, "xla"), (8, 64, 40, jnp.float32, "xla"),  # past the tensor cores' rows; f32
+    (8, 60, 40, jnp.bfloat16, "xla"), (8, 64, 36, jnp.bfloat16, "xla"),  # K not a multiple of 16; N of 8
+])
+def test_auto_rule(rows, k, n, dtype, kernel):
+    """What "auto" lowers for a GPU (lowered here on any machine), and inside static_weight_slices,
+    where XLA takes every GEMM past CUDA_CORE_ROWS rows."""
+    x, w = jnp.zeros((rows, k), dtype), jnp.zeros((k, n), dtype)
+
+    def lowered():
+        return jax.jit(lambda x, w: dense.linear(x, w)).trace(x, w).lower(lowering_platforms=("cuda",)).as_text()
+
+    text = lowered()
+    assert ("te_async_dense_gemm" in text) == (kernel != "xla")
+    assert ("tensor_cores = true" in text) == (kernel == "tensor_cores")
+    with dense.static_weight_slices():
+        assert ("te_async_dense_gemm" in lowered()) == (kernel == "cuda_core")
+    assert lowered() == text, "the setting ends with its block"
+
+
 def test_linear_gradients(rng):
     """The small-M path's gradients are XLA's GEMM's (a custom_vjp), with the SwiGLU input too."""
     x, w = operands(rng, (2,), 37, 19, jnp.float32, swiglu_input=True)

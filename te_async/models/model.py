@@ -66,12 +66,14 @@ def _layer(p, cfg: Config, x, cos, sin, cache, position, window, group_sizes_mod
 
 def _unrolled(body, carry, xs) -> tuple:
     """lax.scan(body, carry, xs) over the layers written out: layer i runs on static slices of the
-    stacked params, with i a Python int (so the cache's LayerOf index is static too)."""
+    stacked params, with i a Python int (so the cache's LayerOf index is static too), which XLA's
+    GEMMs read in place (dense.static_weight_slices)."""
     stacked, layers = xs
     outs = []
-    for i in range(layers.shape[0]):
-        carry, out = body(carry, (jax.tree_util.tree_map(lambda a, i=i: a[i], stacked), i))
-        outs.append(out)
+    with dense.static_weight_slices():
+        for i in range(layers.shape[0]):
+            carry, out = body(carry, (jax.tree_util.tree_map(lambda a, i=i: a[i], stacked), i))
+            outs.append(out)
     return carry, None if outs[0] is None else jnp.stack(outs)
 
 
