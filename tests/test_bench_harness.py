@@ -177,6 +177,19 @@ def test_attention_bench_scans_every_layer_of_the_stack(preset):
     assert attention_bench.cache_bytes(shape, batch, context) == batch * context * shape["kv_heads"] * per_token * 2
 
 
+def test_attention_bench_scans_the_absorbed_mla_over_every_layer():
+    """bench attention, MLA: the scanned call is the whole absorbed attention of each stacked layer
+    in turn, against the float64 expanded attention of test_mla_decode."""
+    from test_mla_decode import numpy_mla
+    shape = attention_bench.heads(presets.config("tiny"))
+    layers, batch, context = 3, 2, 40
+    ops = attention_bench.mla_operands(shape, batch, context, layers, jax.random.key(1))
+    got = np.asarray(attention_bench.mla_scanned("xla", 0.1, context - 1, layers)(*ops), np.float64)
+    for layer in range(layers):
+        want = numpy_mla(*ops, context - 1, layer, 0.1, None)
+        np.testing.assert_allclose(got[layer], want, rtol=3e-2, atol=3e-2 * np.abs(want).max())
+
+
 def test_attention_bench_runs_on_this_backend(tmp_path):
     cli.main(["attention", "--preset", "tiny", "--batches", "1", "--context", "32", "--reps", "2", "--out", str(tmp_path)])
     result = json.loads((tmp_path / "attention.json").read_text())

@@ -11,6 +11,7 @@ import pytest
 
 import te_async.models as models
 from te_async import decode_attention as da
+from te_async import mla_decode as md
 from te_async.decode_attention import decode_attention, decode_attention_reference
 
 MLA = dict(heads=16, kv_heads=1, dk=512, dr=64, dv=None)  # DeepSeek-V2(-Lite): latent 512, rope key 64
@@ -195,6 +196,8 @@ def test_model_decodes_the_same_through_the_kernel(monkeypatch):
     params = models.init_params(config, jax.random.key(3), jnp.bfloat16)
     tokens = np.random.default_rng(5).integers(0, config.vocab_size, (2, 20)).astype(np.int32)
     runs = {}
+    monkeypatch.setenv(md.KERNEL_ENV, "unfused")  # at B=2 "auto" would take the fused MLA kernel around both
+    md.default_kernel.cache_clear()
     try:
         for kernel in ("xla", "te_async"):
             monkeypatch.setenv(da.KERNEL_ENV, kernel)
@@ -210,7 +213,9 @@ def test_model_decodes_the_same_through_the_kernel(monkeypatch):
             runs[kernel] = np.stack(steps)
     finally:
         monkeypatch.delenv(da.KERNEL_ENV)
+        monkeypatch.delenv(md.KERNEL_ENV)
         da.default_kernel.cache_clear()
+        md.default_kernel.cache_clear()
         jax.clear_caches()
     assert not np.isnan(runs["te_async"]).any()
     assert rel_max(runs["te_async"], runs["xla"]) < 3e-2

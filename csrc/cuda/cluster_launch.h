@@ -1,6 +1,6 @@
-// Thread-block cluster launches of the split-K decode kernels (small_group_gemm.cu, dense_mma.cu):
-// the blocks of a cluster take the K slices of one output tile and add them through distributed
-// shared memory, so a launch must know how many such clusters fit on the GPU at once.
+// Thread-block cluster launches of the decode kernels whose blocks share partial results through
+// distributed shared memory (the split-K GEMMs of small_group_gemm.cu and dense_mma.cu, the fused
+// MLA attention of mla_decode.cu), so a launch must know how many such clusters fit on the GPU at once.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -13,13 +13,14 @@
 
 namespace te_async {
 
-// A launch of `grid` blocks of `threads` in clusters of `cluster` blocks (no cluster attribute for
-// 1); attr is the storage the config points at.
+// A launch of `grid` blocks of `threads` with `smem` bytes of dynamic shared memory in clusters of
+// `cluster` blocks (no cluster attribute for 1); attr is the storage the config points at.
 inline cudaLaunchConfig_t ClusterLaunchConfig(long long grid, int threads, int cluster, cudaStream_t stream,
-                                              cudaLaunchAttribute& attr) {
+                                              cudaLaunchAttribute& attr, size_t smem = 0) {
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(static_cast<unsigned>(grid));
   config.blockDim = dim3(threads);
+  config.dynamicSmemBytes = smem;
   config.stream = stream;
   attr.id = cudaLaunchAttributeClusterDimension;
   attr.val.clusterDim.x = static_cast<unsigned>(cluster);
@@ -32,9 +33,10 @@ inline cudaLaunchConfig_t ClusterLaunchConfig(long long grid, int threads, int c
 
 // How many clusters of `slices` blocks of `kernel` can be resident at once on the current device
 // (a cluster's blocks share a GPC, so clusters of many blocks fit fewer times than the SMs
-// suggest), asked once per (device, kernel, slices): a call may be re-captured every scan trip.
+// suggest), asked once per (device, kernel, slices): a call may be re-captured every scan trip. A
+// kernel launched with dynamic shared memory is asked with it (`smem`, always the same for a kernel).
 template <typename Args>
-xla::ffi::ErrorOr<int> ResidentClusters(void (*kernel)(Args), int threads, int slices) {
+xla::ffi::ErrorOr<int> ResidentClusters(void (*kernel)(Args), int threads, int slices, size_t smem = 0) {
   static std::mutex mutex;
   static std::map<std::tuple<int, const void*, int>, int> known;
   int device = 0;
@@ -43,7 +45,7 @@ xla::ffi::ErrorOr<int> ResidentClusters(void (*kernel)(Args), int threads, int s
   std::lock_guard<std::mutex> lock(mutex);
   if (auto it = known.find(key); it != known.end()) return it->second;
   cudaLaunchAttribute attr;
-  cudaLaunchConfig_t config = ClusterLaunchConfig(slices, threads, slices, nullptr, attr);
+  cudaLaunchConfig_t config = ClusterLaunchConfig(slices, threads, slices, nullptr, attr, smem);
   config.numAttrs = 1;  // the occupancy query takes a cluster of 1 as well
   int resident = 0;
   if (auto e = CudaStatus(cudaOccupancyMaxActiveClusters(&resident, kernel, &config), "cudaOccupancyMaxActiveClusters");

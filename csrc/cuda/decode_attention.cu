@@ -8,12 +8,9 @@
 //
 // Flash decoding. Block (split, b * Hkv + kv_head) takes the query rows that share a kv head (its
 // G = H / Hkv query heads times the T new tokens, at most 16: one MMA tile) against one chunk of
-// keys, in tiles of 32 keys that cp.async brings into shared memory while the previous tile is
-// computed. Scores and P.V run on the tensor cores (mma.sync m16n8k16, bf16 in, f32 accumulate)
-// with an online softmax in f32; the block writes its unnormalised output with its running max and
-// sum, and CombineKernel merges the splits in a fixed order (deterministic). DeepSeek's MLA: the keys
-// are the latent followed by the rope key, and the values are the latent itself, taken from the
-// same shared-memory tile. A query that sees no key (a negative position, a bad layer index) gets
+// keys, in tiles of 32 keys (attention_tile.cuh's AttendChunk: tensor-core scores and P.V with an
+// online softmax); the block writes its unnormalised output with its running max and sum, and
+// CombineKernel merges the splits in a fixed order (deterministic). A query that sees no key (a negative position, a bad layer index) gets
 // NaN, as a softmax over nothing does.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -22,6 +19,7 @@
 #include <iterator>
 #include <string>
 
+#include "cuda/attention_tile.cuh"
 #include "cuda/cuda_check.h"
 #include "cuda/decode_attention.h"
 #include "cuda/handlers.h"
@@ -31,13 +29,14 @@ namespace te_async {
 namespace {
 
 namespace ffi = xla::ffi;
-using bf16 = __nv_bfloat16;
+using attention_tile::bf16;
+using attention_tile::kRows;
 
-constexpr int kRows = kDecodeAttentionMaxRows;  // query rows per block: the MMA's M
-constexpr int kKeys = 32;                       // keys per tile: 8 per warp in the scores
 constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
-constexpr int kPad = 8;  // bf16 per shared row: rows land 16 B apart mod 128, so fragment loads are conflict-free
+constexpr int kKeys = 8 * kWarps;  // keys per tile: a split's chunk is a multiple of it (decode_attention.KEY_TILE)
+template <int DQ, int DV, bool kValuesAreKeys>
+using Layout = attention_tile::Layout<DQ, DV, kValuesAreKeys, kWarps>;
 
 struct Args {
   const bf16 *q, *q_rope, *k, *k_rope, *v;  // q [B,T,H,dk], q_rope [B,T,H,dr]; k, k_rope, v [L,B,N,Hkv,d]
@@ -48,72 +47,13 @@ struct Args {
   bf16* out;         // [B, T, H, dv]
 };
 
-__device__ __forceinline__ unsigned SharedAddress(const void* p) {
-  return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-
-// 16 bytes global -> shared without the registers; valid == false writes zeros and reads nothing.
-__device__ __forceinline__ void CopyAsync16(void* dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(SharedAddress(dst)), "l"(src),
-               "r"(valid ? 16 : 0));
-}
-
-__device__ __forceinline__ void CommitCopies() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ __forceinline__ void WaitCopies() { asm volatile("cp.async.wait_group 0;\n" ::); }
-
-// Four 8x8 bf16 matrices from shared memory; lane l gives the address of row l % 8 of matrix l / 8.
-__device__ __forceinline__ void LoadMatrices(unsigned (&r)[4], const bf16* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(SharedAddress(p)));
-}
-
-__device__ __forceinline__ void LoadMatricesTransposed(unsigned (&r)[4], const bf16* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(SharedAddress(p)));
-}
-
-// c[16x8] += a[16x16] b[16x8], bf16 in, f32 accumulate.
-__device__ __forceinline__ void Mma(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// Shared memory of one block, in bytes from the start; DQ = dk + dr score dims, DV value dims.
-template <int DQ, int DV, bool kValuesAreKeys>
-struct Layout {
-  static constexpr int kQStride = DQ + kPad;  // Q rows and key rows (latent then rope key)
-  static constexpr int kVStride = kValuesAreKeys ? kQStride : DV + kPad;
-  static constexpr int kPStride = kKeys + kPad;
-  static constexpr int kKTile = kKeys * kQStride;                      // bf16 per key tile
-  static constexpr int kVTile = kValuesAreKeys ? kKTile : kKeys * kVStride;
-  static constexpr size_t kQ = 0;
-  static constexpr size_t kK = kQ + static_cast<size_t>(kRows) * kQStride * 2;
-  static constexpr size_t kV = kK + 2 * static_cast<size_t>(kKTile) * 2;  // unused when the values are the keys
-  static constexpr size_t kS = kV + (kValuesAreKeys ? 0 : 2 * static_cast<size_t>(kVTile) * 2);
-  static constexpr size_t kP = kS + static_cast<size_t>(kRows) * kKeys * 4;
-  static constexpr size_t kStats = kP + static_cast<size_t>(kRows) * kPStride * 2;  // max, sum, rescale per row
-  static constexpr size_t kBytes = kStats + 3 * kRows * 4;
-  static_assert(DQ % 32 == 0 && DV % (8 * 2 * kWarps) == 0, "score dims in steps of 32, value dims of 64");
-};
-
 template <int DQ, int DV, bool kValuesAreKeys>
 __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(Args a) {
   using L = Layout<DQ, DV, kValuesAreKeys>;
-  constexpr int kValueTiles = DV / kWarps / 8;  // n-tiles of 8 value columns per warp
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* sq = reinterpret_cast<bf16*>(smem + L::kQ);
-  bf16* sk = reinterpret_cast<bf16*>(smem + L::kK);
-  bf16* sv = kValuesAreKeys ? sk : reinterpret_cast<bf16*>(smem + L::kV);
-  float* ss = reinterpret_cast<float*>(smem + L::kS);
-  bf16* sp = reinterpret_cast<bf16*>(smem + L::kP);
-  float* s_max = reinterpret_cast<float*>(smem + L::kStats);
-  float* s_sum = s_max + kRows;
-  float* s_rescale = s_sum + kRows;
+  const float* s_max = reinterpret_cast<const float*>(smem + L::kStats);
+  const float* s_sum = s_max + kRows;
 
   const int bh = blockIdx.y, b = bh / a.kv_heads, kv_head = bh % a.kv_heads;
   const int group = a.heads / a.kv_heads, rows = group * a.tokens;
@@ -135,101 +75,16 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(Args a) {
     const int r = c / (DQ / 8), d = c % (DQ / 8) * 8;
     const size_t row = (static_cast<size_t>(b) * a.tokens + r / group) * a.heads + kv_head * group + r % group;
     const bf16* src = r >= rows ? a.q : d < a.dk ? a.q + row * a.dk + d : a.q_rope + row * a.dr + d - a.dk;
-    CopyAsync16(sq + r * L::kQStride + d, src, r < rows);
+    attention_tile::CopyAsync16(sq + r * L::kQStride + d, src, r < rows);
   }
-  auto load_tile = [&](int start, int buffer) {
-    for (int c = tid; c < kKeys * (DQ / 8); c += kThreads) {
-      const int key = c / (DQ / 8), d = c % (DQ / 8) * 8, n = start + key;
-      const size_t row = ((static_cast<size_t>(layer) * a.batch + b) * a.max_len + n) * a.kv_heads + kv_head;
-      const bf16* src = n >= last ? a.k : d < a.dk ? a.k + row * a.dk + d : a.k_rope + row * a.dr + d - a.dk;
-      CopyAsync16(sk + buffer * L::kKTile + key * L::kQStride + d, src, n < last);
-    }
-    if constexpr (!kValuesAreKeys) {
-      for (int c = tid; c < kKeys * (DV / 8); c += kThreads) {
-        const int key = c / (DV / 8), d = c % (DV / 8) * 8, n = start + key;
-        const size_t row = ((static_cast<size_t>(layer) * a.batch + b) * a.max_len + n) * a.kv_heads + kv_head;
-        CopyAsync16(sv + buffer * L::kVTile + key * L::kVStride + d, n < last ? a.v + row * DV + d : a.v, n < last);
-      }
-    }
-    CommitCopies();
-  };
-  load_tile(first, 0);
-  if (tid < kRows) s_max[tid] = -INFINITY, s_sum[tid] = 0.f;
-  float o[kValueTiles][4] = {};
-
-  const int tiles = (last - first + kKeys - 1) / kKeys;
-  for (int i = 0; i < tiles; ++i) {
-    WaitCopies();
-    __syncthreads();  // tile i is in shared memory, and every warp is done with tile i - 1's buffer
-    if (i + 1 < tiles) load_tile(first + (i + 1) * kKeys, (i + 1) & 1);
-    const bf16* kt = sk + (i & 1) * L::kKTile;
-    const bf16* vt = sv + (i & 1) * L::kVTile;
-    const int start = first + i * kKeys;
-
-    // Scores: warp w takes keys 8w .. 8w + 7 of the tile, two k-steps of 16 per round.
-    float s[4] = {};
-#pragma unroll 2
-    for (int d0 = 0; d0 < DQ; d0 += 32) {
-      unsigned qa[4], qb[4], kb[4];
-      LoadMatrices(qa, sq + (lane % 16) * L::kQStride + d0 + lane / 16 * 8);
-      LoadMatrices(qb, sq + (lane % 16) * L::kQStride + d0 + 16 + lane / 16 * 8);
-      LoadMatrices(kb, kt + (8 * warp + lane % 8) * L::kQStride + d0 + lane / 8 * 8);
-      Mma(s, qa, kb[0], kb[1]);
-      Mma(s, qb, kb[2], kb[3]);
-    }
+  const attention_tile::KeyRows keys{a.k, a.k_rope, a.v,
+                                     (static_cast<size_t>(layer) * a.batch + b) * a.max_len * a.kv_heads + kv_head,
+                                     static_cast<size_t>(a.kv_heads), a.dk, a.dr};
+  float o[L::kValueTiles][4];
+  attention_tile::AttendChunk<DQ, DV, kValuesAreKeys, kWarps>(keys, first, last, {rows, group, position, a.window},
+                                                              a.scale_log2, smem, o);
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {  // s[e]: row g (+8 for e >= 2), key 8w + 2 t4 (+1 for odd e)
-      const int r = g + e / 2 * 8, key = 8 * warp + 2 * t4 + e % 2, n = start + key, seen = position + r / group;
-      const bool visible = r < rows && n < last && n <= seen && (a.window <= 0 || n > seen - a.window);
-      ss[r * kKeys + key] = visible ? s[e] * a.scale_log2 : -INFINITY;
-    }
-    __syncthreads();
-
-    {  // Online softmax: 8 threads per row, 4 keys each. The sum adds the rounded P that P.V uses.
-      const int r = tid / 8, part = tid % 8;
-      float v[4], tile_max = -INFINITY;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) v[j] = ss[r * kKeys + part * 4 + j], tile_max = fmaxf(tile_max, v[j]);
-#pragma unroll
-      for (int d = 4; d > 0; d >>= 1) tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, d));
-      const float old_max = s_max[r], new_max = fmaxf(old_max, tile_max);
-      float sum = 0.f;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const bf16 p = __float2bfloat16(new_max == -INFINITY ? 0.f : exp2f(v[j] - new_max));
-        sp[r * L::kPStride + part * 4 + j] = p;
-        sum += __bfloat162float(p);
-      }
-#pragma unroll
-      for (int d = 4; d > 0; d >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, d);
-      if (part == 0) {
-        const float rescale = new_max == -INFINITY ? 1.f : exp2f(old_max - new_max);
-        s_rescale[r] = rescale, s_sum[r] = s_sum[r] * rescale + sum, s_max[r] = new_max;
-      }
-    }
-    __syncthreads();
-
-    // P.V: warp w owns value columns [w DV/4, (w+1) DV/4).
-    const float rescale_lo = s_rescale[g], rescale_hi = s_rescale[g + 8];
-#pragma unroll
-    for (int j = 0; j < kValueTiles; ++j) o[j][0] *= rescale_lo, o[j][1] *= rescale_lo, o[j][2] *= rescale_hi, o[j][3] *= rescale_hi;
-#pragma unroll
-    for (int k0 = 0; k0 < kKeys; k0 += 16) {
-      unsigned pa[4];
-      LoadMatrices(pa, sp + (lane % 16) * L::kPStride + k0 + lane / 16 * 8);
-#pragma unroll
-      for (int j = 0; j < kValueTiles; j += 2) {
-        unsigned vb[4];
-        const int n0 = warp * (DV / kWarps) + j * 8;
-        LoadMatricesTransposed(vb, vt + (k0 + (lane / 8 % 2) * 8 + lane % 8) * L::kVStride + n0 + lane / 16 * 8);
-        Mma(o[j], pa, vb[0], vb[1]);
-        Mma(o[j + 1], pa, vb[2], vb[3]);
-      }
-    }
-  }
-
-#pragma unroll
-  for (int j = 0; j < kValueTiles; ++j) {
+  for (int j = 0; j < L::kValueTiles; ++j) {
     const int col = warp * (DV / kWarps) + j * 8 + 2 * t4;
     partial[g * (DV + 2) + col] = o[j][0], partial[g * (DV + 2) + col + 1] = o[j][1];
     partial[(g + 8) * (DV + 2) + col] = o[j][2], partial[(g + 8) * (DV + 2) + col + 1] = o[j][3];

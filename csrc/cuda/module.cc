@@ -16,6 +16,7 @@
 #include "cuda/device_gemm.h"
 #include "cuda/handlers.h"
 #include "cuda/host_size_slots.h"
+#include "cuda/mla_decode.h"
 #include "cuda/moe_routing.h"
 #include "cuda/stream_pool.h"
 
@@ -32,6 +33,7 @@ NB_MODULE(_te_async_cuda, m) {
     d["te_async_expert_gemm"] = te_async::EncapsulateFfiHandler(te_async::kExpertGemmCuda);
     d["te_async_route"] = te_async::EncapsulateFfiHandler(te_async::kRouteCuda);
     d["te_async_decode_attention"] = te_async::EncapsulateFfiHandler(te_async::kDecodeAttentionCuda);
+    d["te_async_mla_decode"] = te_async::EncapsulateFfiHandler(te_async::kMlaDecodeCuda);
     d["te_async_token_ffn"] = te_async::EncapsulateFfiHandler(te_async::kTokenFfnCuda);
     d["te_async_token_moe"] = te_async::EncapsulateFfiHandler(te_async::kTokenMoeCuda);
     return d;
@@ -107,6 +109,8 @@ NB_MODULE(_te_async_cuda, m) {
     attention_shapes.append(nb::make_tuple(s.score_dims, s.value_dims, s.values_are_keys));
   }
   m.attr("DECODE_ATTENTION_SHAPES") = attention_shapes;
+  constexpr auto mla = te_async::kMlaDecodeDims;  // (nope, rope, latent, value) of the fused MLA kernel
+  m.attr("MLA_DECODE_DIMS") = nb::make_tuple(mla.nope, mla.rope, mla.latent, mla.value);
   m.attr("FUSED_MAX_ROWS") = te_async::kSmallGroupsFusedMaxRows;
   // The configs each form can run, by form ("m", "mt", "k"), for TE_ASYNC_CUTLASS_CONFIG; empty
   // when CUTLASS is not built.

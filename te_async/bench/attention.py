@@ -1,14 +1,16 @@
-"""Decode attention over a stacked KV cache: te_async.decode_attention's kernel against XLA's.
+"""Decode attention over a stacked KV cache: te_async's kernels against XLA's.
 
-A model's decode attention (on a GPU by default DeepSeek-V2-Lite's MLA: 16 heads over one latent
-of 512 and a rope key of 64; grouped-query heads for the other presets) at batch B against a
-cache of --context tokens, each two ways: "te_async" (decode_attention(..., kernel="te_async"),
-the flash-decoding kernel that reads the layer in place; on a GPU, where it takes the shape) and
-"xla" (kernel="xla": XLA's einsums
-and softmax over the layer that its dynamic slice copies out of the stack). As in a decode step,
-one call runs a lax.scan over L layers (L = --layers) of one stacked cache, the layer index the
-scan's counter; a layer's time is the call's wall clock over L. The floor is the bytes of the
-cache a step must read (every visible key once) over the HBM read bandwidth of the same run.
+A model's decode attention at batch B against a cache of --context tokens. Grouped-query heads
+(Qwen3, Mixtral) two ways: "te_async" (decode_attention(..., kernel="te_async"), the
+flash-decoding kernel that reads the layer in place; on a GPU, where it takes the shape) and "xla"
+(kernel="xla": XLA's einsums and softmax over the layer that its dynamic slice copies out of the
+stack). DeepSeek's MLA (the default: DeepSeek-V2-Lite, 16 heads over one latent of 512 and a rope
+key of 64) as the whole absorbed attention, from the no-rope and rope queries to the heads' outputs
+(te_async.mla_decode), three ways: "xla" and "te_async" (the absorbing einsums around
+decode_attention with that kernel) and "fused" (mla_decode's one kernel). As in a decode step, one
+call runs a lax.scan over L layers (L = --layers) of one stacked cache, the layer index the scan's
+counter; a layer's time is the call's wall clock over L. The floor is the bytes a step must read
+(every visible key once, and MLA's kv_b_proj) over the HBM read bandwidth of the same run.
 """
 
 import jax
@@ -16,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import decode_attention as attention
+from .. import mla_decode
 from ..models.mla import softmax_scale
 from . import presets, timing
 
@@ -33,7 +36,7 @@ def heads(config) -> dict:
     (None: the keys are the values) and the softmax scale."""
     if config.is_mla:
         return dict(heads=config.num_attention_heads, kv_heads=1, dk=config.kv_lora_rank, dr=config.qk_rope_head_dim,
-                    dv=None, scale=softmax_scale(config))
+                    dv=None, scale=softmax_scale(config), nope=config.qk_nope_head_dim, value=config.v_head_dim)
     return dict(heads=config.num_attention_heads, kv_heads=config.num_key_value_heads, dk=config.head_dim, dr=0,
                 dv=config.head_dim, scale=config.head_dim ** -0.5)
 
@@ -46,6 +49,28 @@ def operands(shape: dict, batch: int, context: int, layers: int, key) -> tuple:
     cache = (layers, batch, context, hkv)
     return (x(batch, 1, h, dk), x(*cache, dk), None if dv is None else x(*cache, dv),
             x(batch, 1, h, dr) if dr else None, x(*cache, dr) if dr else None)
+
+
+def mla_operands(shape: dict, batch: int, context: int, layers: int, key) -> tuple:
+    """Random bf16 (q_nope, q_pe, w_kv, ckv, kpe) of one absorbed MLA call."""
+    k = iter(jax.random.split(key, 5))
+    x = lambda scale, *s: scale * jax.random.normal(next(k), s, jnp.bfloat16)
+    h, nope, dr, latent = shape["heads"], shape["nope"], shape["dr"], shape["dk"]
+    return (x(1, batch, 1, h, nope), x(1, batch, 1, h, dr), x(0.05, latent, h, nope + shape["value"]),
+            x(1, layers, batch, context, latent), x(1, layers, batch, context, dr))
+
+
+def mla_scanned(contender: str, scale: float, position: int, layers: int):
+    """One call: the absorbed MLA attention over each of the L stacked layers; contender "fused"
+    (mla_decode's kernel) or the unfused path with decode_attention's kernel `contender`."""
+    def one(ops, layer):
+        if contender == "fused":
+            return mla_decode.mla_decode_attention(*ops, position, scale=scale, layer=layer, kernel="te_async")
+        return mla_decode.mla_decode_unfused(*ops, position, layer, scale=scale, attention=contender)
+
+    def call(*ops):
+        return jax.lax.scan(lambda carry, layer: (carry, one(ops, layer)), 0, jnp.arange(layers, dtype=jnp.int32))[1]
+    return jax.jit(call)
 
 
 def scanned(kernel: str, scale: float, position: int, layers: int):
@@ -71,17 +96,21 @@ def run(args) -> dict:
     batches = args.batches or ([1, 2, 4, 8, 16, 64] if gpu else [1, 2])
     context = args.context or (4096 if gpu else 64)
     layers = args.layers or (26 if gpu else 2)
-    q, keys, values, q_rope, _ = operands(shape, 1, 8, 1, jax.random.key(0))  # the kernel where it takes the shape
+    q, keys, values, q_rope, _ = operands(shape, 1, 8, 1, jax.random.key(0))  # the kernels where they take the shape
     kernels = ["xla", "te_async"] if gpu and attention.kernel_applies(q, keys, values, q_rope) else ["xla"]
+    mla = "nope" in shape
+    if mla and gpu and mla_decode.kernel_applies(*mla_operands(shape, 1, 8, 1, jax.random.key(0))):
+        kernels.append("fused")
     hbm = timing.hbm_bandwidth()
     print(f"attention: {name} {shape}, {context} cached tokens, {layers} stacked layers per call, HBM read "
           f"{hbm / 1e12:.2f} TB/s, batches {batches}", flush=True)
     results = []
     for batch in batches:
-        ops = operands(shape, batch, context, layers, jax.random.key(batch))
-        row = dict(batch=batch, floor_us=1e6 * cache_bytes(shape, batch, context) / hbm)
+        ops = (mla_operands if mla else operands)(shape, batch, context, layers, jax.random.key(batch))
+        weights = ops[2].size * ops[2].dtype.itemsize if mla else 0  # kv_b_proj, absorbed
+        row = dict(batch=batch, floor_us=1e6 * (cache_bytes(shape, batch, context) + weights) / hbm)
         for kernel in kernels:
-            fn = scanned(kernel, shape["scale"], context - 1, layers)
+            fn = (mla_scanned if mla else scanned)(kernel, shape["scale"], context - 1, layers)
             row[f"{kernel}_us"] = 1e6 * timing.time_calls(fn, [ops], reps=args.reps).median_s / layers
         results.append(row)
         print("  B=%-3d floor %8.2f us  " % (batch, row["floor_us"])
@@ -102,5 +131,7 @@ def markdown(results, kernels) -> str:
         cells = [f"{r[f'{k}_us']:.2f} ({r[f'{k}_us'] / r['floor_us']:.1f}x)" for k in kernels]
         lines.append(f"| {r['batch']} | {r['floor_us']:.2f} | " + " | ".join(cells) + " |")
     lines += ["", "Wall clock per layer (a scan over the stacked layers, over their count); ratio to the floor "
-              "(the layer's cache bytes over the measured HBM read bandwidth)."]
+              "(the layer's cache bytes, and MLA's kv_b_proj, over the measured HBM read bandwidth). MLA: the whole "
+              "absorbed attention; xla and te_async are the einsums around decode_attention with that kernel, fused "
+              "is te_async.mla_decode's one kernel."]
     return "\n".join(lines) + "\n"

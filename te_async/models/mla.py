@@ -12,8 +12,9 @@ kv_lora_rank] and the rotated k_pe [B, max_len, qk_rope_head_dim], 576 values pe
 DeepSeek-V2-Lite against 16 * (192 + 128) = 5120 for the expanded keys and values. Decode never
 expands the cache: kv_b_proj is absorbed into the query and the output (q_nope . W_uk c =
 (q_nope W_uk) . c, and p (c W_uv) = (p c) W_uv), so a step reads the cache once and multiplies
-by kv_b_proj once per new token instead of once per cached token. A whole sequence (forward,
-prefill) takes the expanded path, as transformers does, which costs fewer FLOPs there.
+by kv_b_proj once per new token instead of once per cached token (te_async.mla_decode, one
+kernel on a GPU at small batch). A whole sequence (forward, prefill) takes the expanded path, as
+transformers does, which costs fewer FLOPs there.
 """
 
 from typing import Optional
@@ -21,7 +22,8 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from ..decode_attention import attend, causal_mask, decode_attention
+from ..decode_attention import attend, causal_mask
+from ..mla_decode import mla_decode_attention
 from .attention import linear, project_input, stacked, write
 from .config import yarn_mscale
 from .norm import rms_norm
@@ -68,17 +70,12 @@ def mla_attention(p: dict, cfg, x: jax.Array, cos: jax.Array, sin: jax.Array, ca
             cache = {"ckv": write(cache["ckv"], c, 0), "kpe": write(cache["kpe"], k_pe, 0)}
     else:
         cache = {"ckv": write(cache["ckv"], c, position), "kpe": write(cache["kpe"], k_pe, position)}
-        out = _absorbed(q_nope, q_pe, w_kv, cache, position, window, scale, nope)
+        out = _absorbed(q_nope, q_pe, w_kv, cache, position, window, scale)
     return linear(out.reshape(b, s, heads * vdim), p["wo"], p.get("bo")), cache
 
 
-def _absorbed(q_nope, q_pe, w_kv, cache, position, window, scale, nope) -> jax.Array:
+def _absorbed(q_nope, q_pe, w_kv, cache, position, window, scale) -> jax.Array:
     """Attention straight over the compressed cache: [B,S,heads,v_head_dim]. The latent is one key
-    head shared by all heads and also the values (decode_attention reads it once, in place)."""
-    f32 = jnp.float32
-    dtype = q_nope.dtype
+    head shared by all heads and also the values, read once, in place (te_async.mla_decode)."""
     (ckv, layer), (kpe, _) = stacked(cache["ckv"]), stacked(cache["kpe"])
-    q_latent = jnp.einsum("bshd,rhd->bshr", q_nope, w_kv[..., :nope], preferred_element_type=f32).astype(dtype)
-    out_latent = decode_attention(q_latent, ckv[..., None, :], None, position, scale=scale, layer=layer, q_rope=q_pe,
-                                  key_rope=kpe[..., None, :], window=window)
-    return jnp.einsum("bshr,rhd->bshd", out_latent, w_kv[..., nope:], preferred_element_type=f32).astype(dtype)
+    return mla_decode_attention(q_nope, q_pe, w_kv, ckv, kpe, position, scale=scale, layer=layer, window=window)

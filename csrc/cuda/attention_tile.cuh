@@ -1,0 +1,217 @@
+// Flash decoding over one chunk of a cache's keys on the tensor cores, shared by the split kernel of
+// decode_attention.cu and the fused MLA kernel of mla_decode.cu.
+//
+// A block holds up to 16 query rows (one MMA tile) in shared memory and walks its chunk of keys in
+// tiles of 8 keys per warp that cp.async brings into shared memory while the previous tile is
+// computed. Scores and P.V run on mma.sync m16n8k16 (bf16 in, f32 accumulate) with an online
+// softmax in f32, kept in log2 units. MLA: the keys are the latent followed by the rope key, and the
+// values are the latent itself, taken from the same shared-memory tile.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cmath>
+#include <cstddef>
+
+#include "cuda/decode_attention.h"
+
+namespace te_async {
+namespace attention_tile {
+
+using bf16 = __nv_bfloat16;
+
+constexpr int kRows = kDecodeAttentionMaxRows;  // query rows per block: the MMA's M
+constexpr int kPad = 8;  // bf16 per shared row: rows land 16 B apart mod 128, so fragment loads are conflict-free
+
+__device__ __forceinline__ unsigned SharedAddress(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes global -> shared without the registers; valid == false writes zeros and reads nothing.
+__device__ __forceinline__ void CopyAsync16(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(SharedAddress(dst)), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+
+__device__ __forceinline__ void CommitCopies() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void WaitCopies() { asm volatile("cp.async.wait_group 0;\n" ::); }
+
+// Four 8x8 bf16 matrices from shared memory; lane l gives the address of row l % 8 of matrix l / 8.
+__device__ __forceinline__ void LoadMatrices(unsigned (&r)[4], const bf16* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(SharedAddress(p)));
+}
+
+__device__ __forceinline__ void LoadMatricesTransposed(unsigned (&r)[4], const bf16* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(SharedAddress(p)));
+}
+
+// c[16x8] += a[16x16] b[16x8], bf16 in, f32 accumulate.
+__device__ __forceinline__ void Mma(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Shared memory of one block's attention, in bytes from its start; DQ = dk + dr score dims, DV value
+// dims, kWarps warps of 8 keys each per tile.
+template <int DQ, int DV, bool kValuesAreKeys, int kWarps>
+struct Layout {
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kKeys = 8 * kWarps;          // keys per tile
+  static constexpr int kValueTiles = DV / kWarps / 8;  // n-tiles of 8 value columns per warp
+  static constexpr int kQStride = DQ + kPad;  // Q rows and key rows (latent then rope key)
+  static constexpr int kVStride = kValuesAreKeys ? kQStride : DV + kPad;
+  static constexpr int kPStride = kKeys + kPad;
+  static constexpr int kKTile = kKeys * kQStride;  // bf16 per key tile
+  static constexpr int kVTile = kValuesAreKeys ? kKTile : kKeys * kVStride;
+  static constexpr size_t kQ = 0;
+  static constexpr size_t kK = kQ + static_cast<size_t>(kRows) * kQStride * 2;
+  static constexpr size_t kV = kK + 2 * static_cast<size_t>(kKTile) * 2;  // unused when the values are the keys
+  static constexpr size_t kS = kV + (kValuesAreKeys ? 0 : 2 * static_cast<size_t>(kVTile) * 2);
+  static constexpr size_t kP = kS + static_cast<size_t>(kRows) * kKeys * 4;
+  static constexpr size_t kStats = kP + static_cast<size_t>(kRows) * kPStride * 2;  // max, sum, rescale per row
+  static constexpr size_t kBytes = kStats + 3 * kRows * 4;
+  static_assert(DQ % 32 == 0 && kValueTiles % 2 == 0 && kThreads % kRows == 0, "score dims in steps of 32, "
+                "value columns in pairs of n-tiles per warp");
+};
+
+// Where the keys lie: key n's row is row0 + n * stride of k (dk dims), k_rope (dr) and v (DV).
+struct KeyRows {
+  const bf16 *k, *k_rope, *v;
+  size_t row0, stride;
+  int dk, dr;
+};
+
+// Which keys a query row sees: row r < rows is a query at position + r / group, which sees keys
+// n <= that position (and n > it - window, for window > 0).
+struct Visibility {
+  int rows, group, position, window;
+};
+
+// Attends the query rows at Layout::kQ (copies into it may still be in flight, uncommitted or not)
+// to keys [first, last): o gets the unnormalised output (warp w owns value columns [w DV / kWarps,
+// (w + 1) DV / kWarps); o[j][e] is row g (+8 for e >= 2), column 8 j + 2 t4 (+1 for odd e) of them,
+// g = lane / 4, t4 = lane % 4), and the floats at Layout::kStats each row's running max (log2
+// units, -inf where no key was seen) and sum. first >= last leaves o zero and the max -inf.
+template <int DQ, int DV, bool kValuesAreKeys, int kWarps>
+__device__ __forceinline__ void AttendChunk(const KeyRows& src, int first, int last, const Visibility& vis,
+                                            float scale_log2, unsigned char* smem,
+                                            float (&o)[Layout<DQ, DV, kValuesAreKeys, kWarps>::kValueTiles][4]) {
+  using L = Layout<DQ, DV, kValuesAreKeys, kWarps>;
+  constexpr int kKeys = L::kKeys, kThreads = L::kThreads, kRowThreads = kThreads / kRows;
+  static_assert(kKeys / kRowThreads == 4, "4 keys per thread in the softmax");
+  const bf16* sq = reinterpret_cast<const bf16*>(smem + L::kQ);
+  bf16* sk = reinterpret_cast<bf16*>(smem + L::kK);
+  bf16* sv = kValuesAreKeys ? sk : reinterpret_cast<bf16*>(smem + L::kV);
+  float* ss = reinterpret_cast<float*>(smem + L::kS);
+  bf16* sp = reinterpret_cast<bf16*>(smem + L::kP);
+  float* s_max = reinterpret_cast<float*>(smem + L::kStats);
+  float* s_sum = s_max + kRows;
+  float* s_rescale = s_sum + kRows;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
+
+  auto load_tile = [&](int start, int buffer) {
+    for (int c = tid; c < kKeys * (DQ / 8); c += kThreads) {
+      const int key = c / (DQ / 8), d = c % (DQ / 8) * 8, n = start + key;
+      const size_t row = src.row0 + static_cast<size_t>(n) * src.stride;
+      const bf16* from = n >= last ? src.k : d < src.dk ? src.k + row * src.dk + d : src.k_rope + row * src.dr + d - src.dk;
+      CopyAsync16(sk + buffer * L::kKTile + key * L::kQStride + d, from, n < last);
+    }
+    if constexpr (!kValuesAreKeys) {
+      for (int c = tid; c < kKeys * (DV / 8); c += kThreads) {
+        const int key = c / (DV / 8), d = c % (DV / 8) * 8, n = start + key;
+        const size_t row = src.row0 + static_cast<size_t>(n) * src.stride;
+        CopyAsync16(sv + buffer * L::kVTile + key * L::kVStride + d, n < last ? src.v + row * DV + d : src.v, n < last);
+      }
+    }
+    CommitCopies();
+  };
+  if (first < last) load_tile(first, 0);
+  if (tid < kRows) s_max[tid] = -INFINITY, s_sum[tid] = 0.f;
+#pragma unroll
+  for (int j = 0; j < L::kValueTiles; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+
+  const int tiles = first < last ? (last - first + kKeys - 1) / kKeys : 0;
+  for (int i = 0; i < tiles; ++i) {
+    WaitCopies();
+    __syncthreads();  // tile i is in shared memory, and every warp is done with tile i - 1's buffer
+    if (i + 1 < tiles) load_tile(first + (i + 1) * kKeys, (i + 1) & 1);
+    const bf16* kt = sk + (i & 1) * L::kKTile;
+    const bf16* vt = sv + (i & 1) * L::kVTile;
+    const int start = first + i * kKeys;
+
+    // Scores: warp w takes keys 8w .. 8w + 7 of the tile, two k-steps of 16 per round, into four
+    // accumulators so that the MMAs' dependent chain is a quarter of the score dims.
+    float s[4][4] = {};
+#pragma unroll 2
+    for (int d0 = 0; d0 < DQ; d0 += 32) {
+      unsigned qa[4], qb[4], kb[4];
+      LoadMatrices(qa, sq + (lane % 16) * L::kQStride + d0 + lane / 16 * 8);
+      LoadMatrices(qb, sq + (lane % 16) * L::kQStride + d0 + 16 + lane / 16 * 8);
+      LoadMatrices(kb, kt + (8 * warp + lane % 8) * L::kQStride + d0 + lane / 8 * 8);
+      const int acc = d0 / 32 % 2 * 2;
+      Mma(s[acc], qa, kb[0], kb[1]);
+      Mma(s[acc + 1], qb, kb[2], kb[3]);
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {  // s[.][e]: row g (+8 for e >= 2), key 8w + 2 t4 (+1 for odd e)
+      const int r = g + e / 2 * 8, key = 8 * warp + 2 * t4 + e % 2, n = start + key, seen = vis.position + r / vis.group;
+      const bool visible = r < vis.rows && n < last && n <= seen && (vis.window <= 0 || n > seen - vis.window);
+      const float score = (s[0][e] + s[1][e]) + (s[2][e] + s[3][e]);
+      ss[r * kKeys + key] = visible ? score * scale_log2 : -INFINITY;
+    }
+    __syncthreads();
+
+    {  // Online softmax: kRowThreads threads per row, 4 keys each. The sum adds the rounded P that P.V uses.
+      const int r = tid / kRowThreads, part = tid % kRowThreads;
+      float v[4], tile_max = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) v[j] = ss[r * kKeys + part * 4 + j], tile_max = fmaxf(tile_max, v[j]);
+#pragma unroll
+      for (int d = kRowThreads / 2; d > 0; d >>= 1) tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, d));
+      const float old_max = s_max[r], new_max = fmaxf(old_max, tile_max);
+      float sum = 0.f;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const bf16 p = __float2bfloat16(new_max == -INFINITY ? 0.f : exp2f(v[j] - new_max));
+        sp[r * L::kPStride + part * 4 + j] = p;
+        sum += __bfloat162float(p);
+      }
+#pragma unroll
+      for (int d = kRowThreads / 2; d > 0; d >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, d);
+      if (part == 0) {
+        const float rescale = new_max == -INFINITY ? 1.f : exp2f(old_max - new_max);
+        s_rescale[r] = rescale, s_sum[r] = s_sum[r] * rescale + sum, s_max[r] = new_max;
+      }
+    }
+    __syncthreads();
+
+    // P.V: warp w owns value columns [w DV / kWarps, (w + 1) DV / kWarps).
+    const float rescale_lo = s_rescale[g], rescale_hi = s_rescale[g + 8];
+#pragma unroll
+    for (int j = 0; j < L::kValueTiles; ++j) o[j][0] *= rescale_lo, o[j][1] *= rescale_lo, o[j][2] *= rescale_hi, o[j][3] *= rescale_hi;
+#pragma unroll
+    for (int k0 = 0; k0 < kKeys; k0 += 16) {
+      unsigned pa[4];
+      LoadMatrices(pa, sp + (lane % 16) * L::kPStride + k0 + lane / 16 * 8);
+#pragma unroll
+      for (int j = 0; j < L::kValueTiles; j += 2) {
+        unsigned vb[4];
+        const int n0 = warp * (DV / kWarps) + j * 8;
+        LoadMatricesTransposed(vb, vt + (k0 + (lane / 8 % 2) * 8 + lane % 8) * L::kVStride + n0 + lane / 16 * 8);
+        Mma(o[j], pa, vb[0], vb[1]);
+        Mma(o[j + 1], pa, vb[2], vb[3]);
+      }
+    }
+  }
+  __syncthreads();  // the stats are final, and no warp still reads the tiles
+}
+
+}  // namespace attention_tile
+}  // namespace te_async

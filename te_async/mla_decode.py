@@ -1,0 +1,125 @@
+"""DeepSeek's multi-head latent attention at decode, absorbed, in one kernel.
+
+Decode attends straight over MLA's compressed cache: kv_b_proj's key half is absorbed into the
+query (q_latent = q_nope W_uk per head) and its value half into the output (out = (P c) W_uv).
+Unfused that is an einsum, `decode_attention` over the latent cache and a second einsum: at one
+token about 17 of XLA's kernels per layer, each a launch and a DRAM round trip for a few MB.
+`mla_decode_attention` runs csrc/cuda/mla_decode.cu instead, one kernel whose thread-block
+clusters each take a (sequence, token, group of 16 heads) through all three steps, for bf16 and
+DeepSeek-V2/V3's head shape (MLA_DECODE_DIMS) on a GPU of compute capability 9.0 or later.
+
+TE_ASYNC_MLA_DECODE (read once): "auto" (default: the kernel where it applies and B * T is at most
+AUTO_MAX_ROWS), "unfused" (the einsums around decode_attention, for comparison) or "te_async" (the
+kernel; an error where it cannot run).
+"""
+
+import functools
+import os
+from typing import Optional, Union
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import _ffi, plan
+from .decode_attention import decode_attention
+
+MLA_DECODE = "te_async_mla_decode"
+KERNEL_ENV = "TE_ASYNC_MLA_DECODE"
+KERNELS = ("auto", "te_async", "unfused")
+AUTO_MAX_ROWS = 4  # B * T up to which "auto" takes the kernel (to be measured)
+
+
+@functools.lru_cache(maxsize=None)
+def default_kernel() -> str:
+    """TE_ASYNC_MLA_DECODE, validated."""
+    kernel = os.environ.get(KERNEL_ENV, "auto")
+    if kernel not in KERNELS:
+        raise ValueError(f"{KERNEL_ENV}={kernel!r}: expected one of {KERNELS}")
+    return kernel
+
+
+def mla_decode_attention(q_nope: jax.Array, q_pe: jax.Array, w_kv: jax.Array, ckv: jax.Array, kpe: jax.Array,
+                         position, *, scale: float, layer: Union[int, jax.Array] = 0, window: Optional[int] = None,
+                         kernel: Optional[str] = None) -> jax.Array:
+    """Absorbed MLA attention of T new tokens over layer `layer` of a stacked latent cache:
+    [B, T, H, dv] in q_nope's dtype.
+
+    q_nope [B, T, H, dn] and q_pe [B, T, H, dr] (rotated) at positions position .. position + T - 1;
+    w_kv, kv_b_proj as [latent, H, dn + dv]; ckv [L, B, N, latent] (normalised latents) and kpe
+    [L, B, N, dr] (rotated rope keys). Query t sees keys j <= position + t (and j > position + t -
+    window). kernel: None (the TE_ASYNC_MLA_DECODE setting), "auto", "te_async" or "unfused". The
+    kernel has no gradient: differentiate through kernel="unfused".
+    """
+    kernel = default_kernel() if kernel is None else kernel
+    _check(q_nope, q_pe, w_kv, ckv, kpe, kernel)
+    if window is not None and (not isinstance(window, int) or window < 1):
+        raise ValueError(f"window must be None or a positive number of keys, got {window!r}")
+    if isinstance(layer, int) and not 0 <= layer < ckv.shape[0]:  # a traced layer past the stack gives NaN on the GPU
+        raise ValueError(f"layer {layer} is outside the stack of {ckv.shape[0]} layers")
+    args = (q_nope, q_pe, w_kv, ckv, kpe, jnp.asarray(position, jnp.int32), jnp.asarray(layer, jnp.int32))
+    opts = dict(scale=float(scale), window=window)
+    applies = kernel_applies(q_nope, q_pe, w_kv, ckv, kpe)
+    if kernel == "unfused" or (kernel == "auto" and not (applies and q_nope.shape[0] * q_nope.shape[1] <= AUTO_MAX_ROWS)):
+        return mla_decode_unfused(*args, **opts)
+    if kernel == "te_async":
+        if not (applies and plan.on_gpu()):
+            raise ValueError(f"kernel='te_async' needs a GPU of compute capability 9.0 or later with te_async's CUDA "
+                             f"module and bf16 operands of (dn, dr, latent, dv) = {_dims()}; got q_nope {q_nope.dtype} "
+                             f"{q_nope.shape}, q_pe {q_pe.shape}, w_kv {w_kv.dtype} {w_kv.shape}, ckv {ckv.shape}")
+        return _kernel(*args, **opts)
+    return jax.lax.platform_dependent(*args, cuda=functools.partial(_kernel, **opts),
+                                      default=functools.partial(mla_decode_unfused, **opts))
+
+
+def mla_decode_unfused(q_nope, q_pe, w_kv, ckv, kpe, position, layer, *, scale: float, window: Optional[int] = None,
+                       attention: Optional[str] = None) -> jax.Array:
+    """mla_decode_attention as an einsum, decode_attention (kernel=`attention`) over the latent
+    cache, and a second einsum; the latent query and output rounded to q_nope's dtype."""
+    f32, dtype, nope = jnp.float32, q_nope.dtype, q_nope.shape[-1]
+    q_latent = jnp.einsum("bshd,rhd->bshr", q_nope, w_kv[..., :nope], preferred_element_type=f32).astype(dtype)
+    out_latent = decode_attention(q_latent, ckv[..., None, :], None, position, scale=scale, layer=layer, q_rope=q_pe,
+                                  key_rope=kpe[..., None, :], window=window, kernel=attention)
+    return jnp.einsum("bshr,rhd->bshd", out_latent, w_kv[..., nope:], preferred_element_type=f32).astype(dtype)
+
+
+def kernel_applies(q_nope, q_pe, w_kv, ckv, kpe) -> bool:
+    """Whether the CUDA kernel is built and takes these operands on every local GPU
+    (mla_decode_attention runs it where the call is lowered for a GPU)."""
+    module = _ffi.cuda_module()
+    if module is None or not _ffi.gpu_present():
+        return False
+    dn, dr, latent, dv = module.MLA_DECODE_DIMS
+    return (all(x.dtype == jnp.bfloat16 for x in (q_nope, q_pe, w_kv, ckv, kpe))
+            and (q_nope.shape[-1], q_pe.shape[-1], ckv.shape[-1], w_kv.shape[-1] - q_nope.shape[-1]) == (dn, dr, latent, dv)
+            and all(cc >= 90 for cc, _ in plan.local_gpu_kinds()))
+
+
+def _kernel(q_nope, q_pe, w_kv, ckv, kpe, position, layer, *, scale, window, cluster: int = 0):
+    """The FFI call; cluster: blocks per thread-block cluster, 8 or 16 (0: the kernel chooses)."""
+    b, t, h, _ = q_nope.shape
+    dv = w_kv.shape[-1] - q_nope.shape[-1]
+    return jax.ffi.ffi_call(MLA_DECODE, jax.ShapeDtypeStruct((b, t, h, dv), q_nope.dtype))(
+        q_nope, q_pe, w_kv, ckv, kpe, layer, position, scale=np.float32(scale), window=np.int64(window or 0),
+        cluster=np.int64(cluster))
+
+
+def _check(q_nope, q_pe, w_kv, ckv, kpe, kernel) -> None:
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+    if q_nope.ndim != 4 or q_pe.ndim != 4 or w_kv.ndim != 3 or ckv.ndim != 4 or kpe.ndim != 4:
+        raise ValueError(f"q_nope and q_pe must be [B, T, H, d], w_kv [latent, H, dn + dv], ckv and kpe [L, B, N, d]; got "
+                         f"{q_nope.shape}, {q_pe.shape}, {w_kv.shape}, {ckv.shape}, {kpe.shape}")
+    b, t, h, dn = q_nope.shape
+    if q_pe.shape[:3] != (b, t, h):
+        raise ValueError(f"q_pe {q_pe.shape} must be [B, T, H, dr] like q_nope {q_nope.shape}")
+    if w_kv.shape[:2] != (ckv.shape[-1], h) or w_kv.shape[-1] <= dn:
+        raise ValueError(f"w_kv {w_kv.shape} must be [latent, H, dn + dv] for ckv {ckv.shape} and q_nope {q_nope.shape}")
+    if ckv.shape[1] != b or kpe.shape[:3] != ckv.shape[:3] or kpe.shape[-1] != q_pe.shape[-1]:
+        raise ValueError(f"ckv {ckv.shape} and kpe {kpe.shape} must be [L, B, N, latent] and [L, B, N, dr] for q_nope "
+                         f"{q_nope.shape} and q_pe {q_pe.shape}")
+
+
+def _dims() -> tuple:
+    module = _ffi.cuda_module()
+    return () if module is None else tuple(module.MLA_DECODE_DIMS)

@@ -1,0 +1,219 @@
+"""te_async.mla_decode: absorbed MLA decode attention. The unfused path (every backend) and the
+fused CUDA kernel (on the GPU) against a float64 NumPy reference written the other way round, with
+kv_b_proj expanded into per-head keys and values as transformers' DeepseekV2Attention does; DeepSeek's
+head shape with 16 heads (V2-Lite), 20 (a partial group of 16) and 128 (V2, V3), several tokens,
+windows, positions at both ends, a traced layer in a scan, both cluster sizes; then a bf16
+DeepSeek-shaped model decoding through the kernel against the unfused path."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import te_async.models as models
+from te_async import decode_attention as da
+from te_async import mla_decode as md
+from te_async.mla_decode import mla_decode_attention, mla_decode_unfused
+
+V2 = dict(nope=128, rope=64, latent=512, value=128)  # DeepSeek-V2 / V3
+ODD = dict(nope=12, rope=4, latent=24, value=20)     # the unfused path takes any dims
+
+
+def numpy_mla(q_nope, q_pe, w_kv, ckv, kpe, position, layer, scale, window):
+    """float64, expanded: per head, keys [c W_uk | k_pe] and values c W_uv over every cached token."""
+    q_nope, q_pe, w_kv, ckv, kpe = (np.asarray(x, np.float64) for x in (q_nope, q_pe, w_kv, ckv, kpe))
+    b, t, h, nope = q_nope.shape
+    c, k_pe = ckv[layer], kpe[layer]  # [B, N, latent], [B, N, rope]
+    n = c.shape[1]
+    out = np.zeros((b, t, h, w_kv.shape[-1] - nope))
+    j = np.arange(n)
+    for head in range(h):
+        keys = np.einsum("bnr,rd->bnd", c, w_kv[:, head, :nope])
+        values = np.einsum("bnr,rd->bnd", c, w_kv[:, head, nope:])
+        s = np.einsum("btd,bnd->btn", q_nope[:, :, head], keys) + np.einsum("btd,bnd->btn", q_pe[:, :, head], k_pe)
+        for i in range(t):
+            seen = (j <= position + i) & ((j > position + i - window) if window else True)
+            si = np.where(seen, s[:, i] * scale, -np.inf)
+            with np.errstate(invalid="ignore"):
+                p = np.exp(si - si.max(-1, keepdims=True))
+                out[:, i, head] = np.einsum("bn,bnd->bd", p / p.sum(-1, keepdims=True), values)
+    return out
+
+
+def make(rng, nope, rope, latent, value, batch=2, tokens=1, heads=16, max_len=70, layers=3, dtype=jnp.float32):
+    """Random (q_nope, q_pe, w_kv, ckv, kpe), scaled so that the scores spread over a few units."""
+    x = lambda scale, *shape: jnp.asarray(scale * rng.standard_normal(shape), dtype)
+    return (x(1.0, batch, tokens, heads, nope), x(1.0, batch, tokens, heads, rope),
+            x(0.05 * (128 / nope) ** 0.5, latent, heads, nope + value), x(1.0, layers, batch, max_len, latent),
+            x(1.0, layers, batch, max_len, rope))
+
+
+def rel_max(out, ref) -> float:
+    return float(np.max(np.abs(out - ref)) / np.max(np.abs(ref)))
+
+
+def unfused(operands, position, layer, scale, window=None, attention="xla"):
+    f = lambda qn, qp, w, c, k, p, l: mla_decode_unfused(qn, qp, w, c, k, p, l, scale=scale, window=window,
+                                                          attention=attention)
+    return np.asarray(jax.jit(f)(*operands, position, layer), np.float64)
+
+
+@pytest.mark.parametrize("dims", [V2, ODD], ids=["v2", "odd"])
+@pytest.mark.parametrize("tokens,position,window,heads", [(1, 0, None, 16), (1, 69, None, 3), (2, 40, None, 5),
+                                                          (3, 30, 7, 4)])
+def test_unfused_matches_expanded_numpy(rng, dims, tokens, position, window, heads):
+    operands = make(rng, **dims, tokens=tokens, heads=heads)
+    layer, scale = int(rng.integers(3)), 0.07
+    out = unfused(operands, position, layer, scale, window)
+    ref = numpy_mla(*operands, position, layer, scale, window)
+    np.testing.assert_allclose(out, ref, rtol=2e-4, atol=2e-4 * np.abs(ref).max())
+
+
+def test_auto_and_unfused_agree_off_the_kernel(rng):
+    """Where the kernel does not apply (f32 here, or no GPU), "auto" is the unfused path."""
+    operands = make(rng, **ODD)
+    f = lambda kernel: np.asarray(mla_decode_attention(*operands, 50, scale=0.07, layer=1, kernel=kernel))
+    np.testing.assert_array_equal(f("auto"), f("unfused"))
+
+
+@pytest.mark.parametrize("bad,match", [
+    (lambda o: (o[0][..., :1, :],) + o[1:], "q_pe .* must be"),
+    (lambda o: o[:2] + (o[2][:, :1],) + o[3:], "w_kv .* must be"),
+    (lambda o: o[:3] + (o[3][:, :1],) + o[4:], "ckv .* and kpe .* must be"),
+    (lambda o: o[:4] + (o[4][..., :2],), "ckv .* and kpe .* must be"),
+    (lambda o: (o[0][0],) + o[1:], "q_nope and q_pe must be"),
+])
+def test_bad_operands(rng, bad, match):
+    with pytest.raises(ValueError, match=match):
+        mla_decode_attention(*bad(make(rng, **ODD)), 3, scale=0.1)
+
+
+def test_bad_layer_window_or_kernel(rng, monkeypatch):
+    operands = make(rng, **ODD)
+    with pytest.raises(ValueError, match="layer 3 is outside the stack of 3"):
+        mla_decode_attention(*operands, 3, scale=0.1, layer=3)
+    with pytest.raises(ValueError, match="window must be None or a positive"):
+        mla_decode_attention(*operands, 3, scale=0.1, window=0)
+    with pytest.raises(ValueError, match="kernel must be one of"):
+        mla_decode_attention(*operands, 3, scale=0.1, kernel="flash")
+    monkeypatch.setenv(md.KERNEL_ENV, "fast")
+    md.default_kernel.cache_clear()
+    try:
+        with pytest.raises(ValueError, match="TE_ASYNC_MLA_DECODE='fast'"):
+            md.default_kernel()
+    finally:
+        monkeypatch.delenv(md.KERNEL_ENV)
+        md.default_kernel.cache_clear()
+
+
+def test_kernel_refuses_what_it_cannot_run(rng):
+    """Dims other than DeepSeek's, or f32: an error naming what the kernel takes (on any machine)."""
+    with pytest.raises(ValueError, match="kernel='te_async' needs"):
+        mla_decode_attention(*make(rng, **ODD, dtype=jnp.bfloat16), 3, scale=0.1, kernel="te_async")
+    with pytest.raises(ValueError, match="kernel='te_async' needs"):
+        mla_decode_attention(*make(rng, **V2, max_len=8), 3, scale=0.1, kernel="te_async")
+
+
+# ---- the CUDA kernel ----
+
+CASES = [  # (batch, tokens, heads, max_len, position, window, cluster)
+    (1, 1, 16, 4096, 4095, None, 0),   # DeepSeek-V2-Lite at one token
+    (1, 1, 16, 4096, 4095, None, 8),
+    (2, 1, 16, 300, 150, None, 16),
+    (1, 3, 16, 100, 50, None, 0),      # three tokens: each its own cluster and limit
+    (3, 2, 20, 257, 200, 33, 0),       # a partial second group of 4 heads, a window
+    (3, 2, 20, 257, 200, 33, 8),
+    (1, 1, 128, 1024, 1000, None, 0),  # DeepSeek-V2 / V3: 8 groups of 16 heads
+    (2, 1, 8, 64, 0, None, 0),         # one key
+    (4, 1, 16, 4096, 2047, 700, 16),
+]
+
+
+def kernel(operands, position, layer, scale, window=None, cluster=0):
+    f = lambda qn, qp, w, c, k, p, l: md._kernel(qn, qp, w, c, k, p, l, scale=scale, window=window, cluster=cluster)
+    return np.asarray(jax.jit(f)(*operands, jnp.int32(position), jnp.int32(layer)), np.float64)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "B{}-T{}-H{}-N{}-p{}-w{}-c{}".format(*c))
+def test_kernel_matches_numpy(rng, case):
+    batch, tokens, heads, max_len, position, window, cluster = case
+    operands = make(rng, **V2, batch=batch, tokens=tokens, heads=heads, max_len=max_len, dtype=jnp.bfloat16)
+    layer, scale = int(rng.integers(3)), 0.07
+    ref = numpy_mla(*operands, position, layer, scale, window)
+    out = kernel(operands, position, layer, scale, window, cluster)
+    xla = unfused(operands, position, layer, scale, window)
+    assert not np.isnan(out).any()
+    # bf16 latent query, probabilities, latent output and output, as the unfused path rounds them
+    assert rel_max(out, ref) < max(2 * rel_max(xla, ref), 8e-3), (rel_max(out, ref), rel_max(xla, ref))
+    np.testing.assert_array_equal(out, kernel(operands, position, layer, scale, window, cluster))  # deterministic
+
+
+@pytest.mark.gpu
+def test_kernel_reads_a_traced_layer_in_a_scan(rng):
+    """The decoder's use: inside lax.scan, the stacked cache read in place at the loop's layer."""
+    operands = make(rng, **V2, batch=1, max_len=512, layers=5, dtype=jnp.bfloat16)
+
+    def over_layers(*ops):
+        def body(carry, layer):
+            return carry, mla_decode_attention(*ops, 300, scale=0.07, layer=layer, kernel="te_async")
+        return jax.lax.scan(body, 0, jnp.arange(5, dtype=jnp.int32))[1]
+
+    out = np.asarray(jax.jit(over_layers)(*operands), np.float64)
+    for layer in range(5):
+        assert rel_max(out[layer], numpy_mla(*operands, 300, layer, 0.07, None)) < 8e-3, layer
+
+
+@pytest.mark.gpu
+def test_kernel_without_a_visible_key_gives_nan(rng):
+    operands = make(rng, **V2, batch=1, dtype=jnp.bfloat16)
+    assert np.isnan(kernel(operands, -3, 0, 0.1)).all()
+    assert np.isnan(kernel(operands, 3, 7, 0.1)).all()  # layer past the stack
+
+
+@pytest.mark.gpu
+def test_kernel_refuses_a_bad_cluster_size(rng):
+    with pytest.raises(Exception, match="cluster must be 0"):
+        kernel(make(rng, **V2, batch=1, dtype=jnp.bfloat16), 3, 0, 0.1, cluster=4)
+
+
+DEEPSEEK_SHAPED = dict(  # DeepSeek-V2-Lite's attention shapes, everything else small
+    model_type="deepseek_v2", vocab_size=300, hidden_size=256, intermediate_size=320, moe_intermediate_size=64,
+    num_hidden_layers=3, num_attention_heads=16, num_key_value_heads=16, kv_lora_rank=512, q_lora_rank=None,
+    qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, n_routed_experts=8, n_shared_experts=1,
+    num_experts_per_tok=2, first_k_dense_replace=1, norm_topk_prob=False, routed_scaling_factor=1.0,
+    topk_method="greedy", n_group=1, topk_group=1, moe_layer_freq=1, rms_norm_eps=1e-6, rope_theta=10000.0,
+    max_position_embeddings=4096, tie_word_embeddings=False)
+
+
+@pytest.mark.gpu
+def test_model_decodes_the_same_through_the_kernel(monkeypatch):
+    """A bf16 DeepSeek-shaped model's decode steps at one sequence (scanned MoE layers, the stacked
+    cache), teacher forced, through the fused kernel against the unfused path with XLA's attention."""
+    config = models.from_hf_dict(DEEPSEEK_SHAPED)
+    params = models.init_params(config, jax.random.key(3), jnp.bfloat16)
+    tokens = np.random.default_rng(5).integers(0, config.vocab_size, (1, 20)).astype(np.int32)
+    runs = {}
+    monkeypatch.setenv(da.KERNEL_ENV, "xla")
+    try:
+        for path in ("unfused", "te_async"):
+            monkeypatch.setenv(md.KERNEL_ENV, path)
+            md.default_kernel.cache_clear()
+            da.default_kernel.cache_clear()
+            jax.clear_caches()
+            cache = models.init_cache(config, 1, 64, jnp.bfloat16)
+            _, cache = models.prefill(params, config, cache, tokens[:, :12], group_sizes_mode="device")
+            steps = []
+            for i in range(12, 20):
+                logits, cache = models.decode_step(params, config, cache, jnp.asarray(tokens[:, i:i + 1]), i,
+                                                   group_sizes_mode="device")
+                steps.append(np.asarray(logits, np.float64))
+            runs[path] = np.stack(steps)
+    finally:
+        monkeypatch.delenv(md.KERNEL_ENV)
+        monkeypatch.delenv(da.KERNEL_ENV)
+        md.default_kernel.cache_clear()
+        da.default_kernel.cache_clear()
+        jax.clear_caches()
+    assert not np.isnan(runs["te_async"]).any()
+    assert rel_max(runs["te_async"], runs["unfused"]) < 3e-2
