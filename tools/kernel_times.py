@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from te_async import grouped_gemm
-from te_async.bench import decode_gemm, prefill, presets, timing, trace, train
+from te_async.bench import attention, decode_gemm, prefill, presets, timing, trace, train
 
 
 def _short(name: str) -> str:
@@ -65,6 +65,14 @@ def _train_inputs(preset: str, model, split: str, dtype):
     return train.forward_backward("device"), (x, gs, [(w1, w2, jnp.ones((model.hidden,), jnp.float32))], dy)
 
 
+def _attention_inputs(preset: str, contender: str, batch: int, layers: int):
+    """bench attention's call (MLA: the whole absorbed attention) over 4096 cached tokens."""
+    shape = attention.heads(presets.config(preset))
+    mla = "nope" in shape
+    ops = (attention.mla_operands if mla else attention.operands)(shape, batch, 4096, layers, jax.random.key(batch))
+    return (attention.mla_scanned if mla else attention.scanned)(contender, shape["scale"], 4095, layers), ops
+
+
 def report(label: str, fn, inputs, calls: int, use_trace: bool) -> None:
     jax.block_until_ready(fn(*inputs))  # compile and warm up outside the trace
     if not use_trace:
@@ -104,6 +112,9 @@ def main() -> None:
     p.add_argument("--prefill", nargs="*", default=[], choices=list(prefill.GEMMS))
     p.add_argument("--train", nargs="*", default=[], choices=["even", "skewed"],
                    help="bench train's 1-layer grouped_mlp forward + backward, device mode, on these splits")
+    p.add_argument("--attention", nargs="*", default=[], choices=["xla", "te_async", "fused"],
+                   help="bench attention's call per contender at --attention-batches (fused: MLA presets)")
+    p.add_argument("--attention-batches", type=int, nargs="*", default=[1])
     p.add_argument("--no-trace", action="store_true", help="only run the calls (for ncu)")
     p.add_argument("--mode", default="device", choices=decode_gemm.MODES, help="decode-gemm's mode of the decode layers")
     p.add_argument("--unroll", action="store_true", help="decode layers unrolled, not scanned (decode-gemm --unroll)")
@@ -119,6 +130,11 @@ def main() -> None:
     for gemm in args.prefill:
         fn, inputs = _prefill_inputs(preset, model, gemm, dtype)
         report(f"prefill {gemm} even", fn, inputs, args.calls, not args.no_trace)
+    for contender in args.attention:
+        for batch in args.attention_batches:
+            fn, inputs = _attention_inputs(preset, contender, batch, args.layers)
+            report(f"attention {contender} B={batch}, {args.layers} layers per call", fn, inputs, args.calls,
+                   not args.no_trace)
     for split in args.train:
         fn, inputs = _train_inputs(preset, model, split, dtype)
         report(f"train {split}: grouped_mlp forward + backward, device mode", fn, inputs, args.calls, not args.no_trace)

@@ -9,7 +9,8 @@ key of 64) as the whole absorbed attention, from the no-rope and rope queries to
 (te_async.mla_decode), three ways: "xla" and "te_async" (the absorbing einsums around
 decode_attention with that kernel) and "fused" (mla_decode's one kernel). As in a decode step, one
 call runs a lax.scan over L layers (L = --layers) of one stacked cache, the layer index the scan's
-counter; a layer's time is the call's wall clock over L. The floor is the bytes a step must read
+counter; a layer's time is the call's wall clock over L, and its GPU time the busy time of the
+call's kernels in a profile over L. The floor is the bytes a step must read
 (every visible key once, and MLA's kv_b_proj) over the HBM read bandwidth of the same run.
 """
 
@@ -112,6 +113,8 @@ def run(args) -> dict:
         for kernel in kernels:
             fn = (mla_scanned if mla else scanned)(kernel, shape["scale"], context - 1, layers)
             row[f"{kernel}_us"] = 1e6 * timing.time_calls(fn, [ops], reps=args.reps).median_s / layers
+            gpu_s = timing.device_time_s(fn, [ops])
+            row[f"{kernel}_gpu_us"] = None if gpu_s is None else 1e6 * gpu_s / layers
         results.append(row)
         print("  B=%-3d floor %8.2f us  " % (batch, row["floor_us"])
               + "  ".join(f"{k} {row[f'{k}_us']:8.2f}" for k in kernels), flush=True)
@@ -125,13 +128,17 @@ def run(args) -> dict:
 
 
 def markdown(results, kernels) -> str:
-    """One row per B: the floor, then each kernel's µs per layer and its ratio to the floor."""
-    lines = ["| B | floor us | " + " | ".join(f"{k} us" for k in kernels) + " |", "|---" * (2 + len(kernels)) + "|"]
+    """One row per B: the floor, then each kernel's wall clock and GPU µs per layer, each with its
+    ratio to the floor."""
+    lines = ["| B | floor us | " + " | ".join(f"{k} us | {k} GPU us" for k in kernels) + " |",
+             "|---" * (2 + 2 * len(kernels)) + "|"]
+    cell = lambda us, floor: "-" if us is None else f"{us:.2f} ({us / floor:.1f}x)"
     for r in results:
-        cells = [f"{r[f'{k}_us']:.2f} ({r[f'{k}_us'] / r['floor_us']:.1f}x)" for k in kernels]
+        cells = [cell(r[f"{k}_{t}"], r["floor_us"]) for k in kernels for t in ("us", "gpu_us")]
         lines.append(f"| {r['batch']} | {r['floor_us']:.2f} | " + " | ".join(cells) + " |")
-    lines += ["", "Wall clock per layer (a scan over the stacked layers, over their count); ratio to the floor "
-              "(the layer's cache bytes, and MLA's kv_b_proj, over the measured HBM read bandwidth). MLA: the whole "
-              "absorbed attention; xla and te_async are the einsums around decode_attention with that kernel, fused "
-              "is te_async.mla_decode's one kernel."]
+    lines += ["", "Wall clock per layer (a scan over the stacked layers, over their count, so that each includes a "
+              "scan trip's fixed cost) and GPU busy time per layer (the union of the call's kernels in a profile, over "
+              "the layers); ratio to the floor (the layer's cache bytes, and MLA's kv_b_proj, over the measured HBM "
+              "read bandwidth). MLA: the whole absorbed attention; xla and te_async are the einsums around "
+              "decode_attention with that kernel, fused is te_async.mla_decode's one kernel."]
     return "\n".join(lines) + "\n"
