@@ -8,9 +8,14 @@ token about 17 of XLA's kernels per layer, each a launch and a DRAM round trip f
 clusters each take a (sequence, token, group of 16 heads) through all three steps, for bf16 and
 DeepSeek-V2/V3's head shape (MLA_DECODE_DIMS) on a GPU of compute capability 9.0 or later.
 
-TE_ASYNC_MLA_DECODE (read once): "auto" (default: the kernel where it applies and B * T is at most
-AUTO_MAX_ROWS), "unfused" (the einsums around decode_attention, for comparison) or "te_async" (the
-kernel; an error where it cannot run).
+TE_ASYNC_MLA_DECODE (read once): "auto" (default) and "unfused" take the einsums around
+decode_attention; "te_async" takes the kernel (an error where it cannot run). "auto" does not take
+the kernel because it lost where it mattered (H200, docs/benchmarks.md table A3, GPU µs per layer at
+4096 cached tokens): a block walks 256 keys in series, so the kernel takes about 33 µs whatever
+the batch while its clusters fit in one wave. DeepSeek-V2-Lite: 33.4 against the unfused path's
+24.5 at B=1, 34.5 against 41.2 at B=4 (its one win, B=3 to 6), 67.9 against 48.3 at B=8;
+DeepSeek-V3 (8 groups of heads): 66.0 against XLA's 55.3 at B=1. Splitting the keys over more
+clusters, with a merge across them, is what it lacks.
 """
 
 import functools
@@ -27,7 +32,6 @@ from .decode_attention import decode_attention
 MLA_DECODE = "te_async_mla_decode"
 KERNEL_ENV = "TE_ASYNC_MLA_DECODE"
 KERNELS = ("auto", "te_async", "unfused")
-AUTO_MAX_ROWS = 4  # B * T up to which "auto" takes the kernel (to be measured)
 
 
 @functools.lru_cache(maxsize=None)
@@ -48,8 +52,8 @@ def mla_decode_attention(q_nope: jax.Array, q_pe: jax.Array, w_kv: jax.Array, ck
     q_nope [B, T, H, dn] and q_pe [B, T, H, dr] (rotated) at positions position .. position + T - 1;
     w_kv, kv_b_proj as [latent, H, dn + dv]; ckv [L, B, N, latent] (normalised latents) and kpe
     [L, B, N, dr] (rotated rope keys). Query t sees keys j <= position + t (and j > position + t -
-    window). kernel: None (the TE_ASYNC_MLA_DECODE setting), "auto", "te_async" or "unfused". The
-    kernel has no gradient: differentiate through kernel="unfused".
+    window). kernel: None (the TE_ASYNC_MLA_DECODE setting), "auto", "te_async" or "unfused" (see
+    the module's docstring for which "auto" takes). The kernel has no gradient: differentiate through kernel="unfused".
     """
     kernel = default_kernel() if kernel is None else kernel
     _check(q_nope, q_pe, w_kv, ckv, kpe, kernel)
@@ -59,17 +63,13 @@ def mla_decode_attention(q_nope: jax.Array, q_pe: jax.Array, w_kv: jax.Array, ck
         raise ValueError(f"layer {layer} is outside the stack of {ckv.shape[0]} layers")
     args = (q_nope, q_pe, w_kv, ckv, kpe, jnp.asarray(position, jnp.int32), jnp.asarray(layer, jnp.int32))
     opts = dict(scale=float(scale), window=window)
-    applies = kernel_applies(q_nope, q_pe, w_kv, ckv, kpe)
-    if kernel == "unfused" or (kernel == "auto" and not (applies and q_nope.shape[0] * q_nope.shape[1] <= AUTO_MAX_ROWS)):
+    if kernel != "te_async":
         return mla_decode_unfused(*args, **opts)
-    if kernel == "te_async":
-        if not (applies and plan.on_gpu()):
-            raise ValueError(f"kernel='te_async' needs a GPU of compute capability 9.0 or later with te_async's CUDA "
-                             f"module and bf16 operands of (dn, dr, latent, dv) = {_dims()}; got q_nope {q_nope.dtype} "
-                             f"{q_nope.shape}, q_pe {q_pe.shape}, w_kv {w_kv.dtype} {w_kv.shape}, ckv {ckv.shape}")
-        return _kernel(*args, **opts)
-    return jax.lax.platform_dependent(*args, cuda=functools.partial(_kernel, **opts),
-                                      default=functools.partial(mla_decode_unfused, **opts))
+    if not (kernel_applies(q_nope, q_pe, w_kv, ckv, kpe) and plan.on_gpu()):
+        raise ValueError(f"kernel='te_async' needs a GPU of compute capability 9.0 or later with te_async's CUDA "
+                         f"module and bf16 operands of (dn, dr, latent, dv) = {_dims()}; got q_nope {q_nope.dtype} "
+                         f"{q_nope.shape}, q_pe {q_pe.shape}, w_kv {w_kv.dtype} {w_kv.shape}, ckv {ckv.shape}")
+    return _kernel(*args, **opts)
 
 
 def mla_decode_unfused(q_nope, q_pe, w_kv, ckv, kpe, position, layer, *, scale: float, window: Optional[int] = None,
@@ -84,8 +84,8 @@ def mla_decode_unfused(q_nope, q_pe, w_kv, ckv, kpe, position, layer, *, scale: 
 
 
 def kernel_applies(q_nope, q_pe, w_kv, ckv, kpe) -> bool:
-    """Whether the CUDA kernel is built and takes these operands on every local GPU
-    (mla_decode_attention runs it where the call is lowered for a GPU)."""
+    """Whether the CUDA kernel is built and takes these operands on every local GPU (what
+    kernel="te_async" needs)."""
     module = _ffi.cuda_module()
     if module is None or not _ffi.gpu_present():
         return False
