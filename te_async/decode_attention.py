@@ -16,7 +16,6 @@ comparison) or "te_async" (the kernel; an error where it cannot run).
 
 import functools
 import math
-import os
 from typing import Optional, Union
 
 import jax
@@ -38,11 +37,8 @@ AUTO_MIN_PAIRS = 8
 
 @functools.lru_cache(maxsize=None)
 def default_kernel() -> str:
-    """TE_ASYNC_DECODE_ATTENTION, validated."""
-    kernel = os.environ.get(KERNEL_ENV, "auto")
-    if kernel not in KERNELS:
-        raise ValueError(f"{KERNEL_ENV}={kernel!r}: expected one of {KERNELS}")
-    return kernel
+    """TE_ASYNC_DECODE_ATTENTION, read once."""
+    return plan.kernel_setting(KERNEL_ENV, KERNELS)
 
 
 def causal_mask(q_pos: jax.Array, k_pos: jax.Array, window: Optional[int]) -> jax.Array:

@@ -19,7 +19,6 @@ clusters, with a merge across them, is what it lacks.
 """
 
 import functools
-import os
 from typing import Optional, Union
 
 import jax
@@ -36,11 +35,8 @@ KERNELS = ("auto", "te_async", "unfused")
 
 @functools.lru_cache(maxsize=None)
 def default_kernel() -> str:
-    """TE_ASYNC_MLA_DECODE, validated."""
-    kernel = os.environ.get(KERNEL_ENV, "auto")
-    if kernel not in KERNELS:
-        raise ValueError(f"{KERNEL_ENV}={kernel!r}: expected one of {KERNELS}")
-    return kernel
+    """TE_ASYNC_MLA_DECODE, read once."""
+    return plan.kernel_setting(KERNEL_ENV, KERNELS)
 
 
 def mla_decode_attention(q_nope: jax.Array, q_pe: jax.Array, w_kv: jax.Array, ckv: jax.Array, kpe: jax.Array,

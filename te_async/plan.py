@@ -65,6 +65,15 @@ def cutlass_configs(form: str) -> list:
     return list(module.CUTLASS_CONFIGS.get(form, [])) if module is not None else []
 
 
+def kernel_setting(env: str, kernels: tuple) -> str:
+    """The kernel that environment variable `env` asks for, "auto" where it is unset; a value
+    outside `kernels` is an error naming them."""
+    kernel = os.environ.get(env, "auto")
+    if kernel not in kernels:
+        raise ValueError(f"{env}={kernel!r}: expected one of {kernels}")
+    return kernel
+
+
 def read_settings() -> Settings:
     """The two planning settings from the environment, each checked here with an error naming it."""
     rows_text = os.environ.get(SMALL_GROUPS_MAX_ROWS_ENV)

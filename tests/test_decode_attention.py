@@ -12,7 +12,7 @@ import pytest
 import te_async.models as models
 from te_async import decode_attention as da
 from te_async import mla_decode as md
-from te_async.decode_attention import decode_attention, decode_attention_reference
+from te_async.decode_attention import decode_attention
 
 MLA = dict(heads=16, kv_heads=1, dk=512, dr=64, dv=None)  # DeepSeek-V2(-Lite): latent 512, rope key 64
 GQA = dict(heads=32, kv_heads=4, dk=128, dr=0, dv=128)    # Qwen3-30B-A3B
@@ -188,34 +188,41 @@ DEEPSEEK_SHAPED = dict(  # DeepSeek-V2-Lite's attention shapes, everything else 
     max_position_embeddings=4096, tie_word_embeddings=False)
 
 
-@pytest.mark.gpu
-def test_model_decodes_the_same_through_the_kernel(monkeypatch):
-    """A bf16 DeepSeek-shaped model's decode steps (scanned MoE layers, the stacked cache), teacher
-    forced, with the kernel forced, against the same steps through XLA's attention."""
+def deepseek_decode_logits(monkeypatch, batch: int, settings: dict) -> np.ndarray:
+    """Logits [steps, B, 1, V] of a bf16 DeepSeek-shaped model's decode steps (scanned MoE layers,
+    the stacked cache), teacher forced after a 12-token prefill, with the kernel settings
+    `settings` ({module: value} of decode_attention / mla_decode's KERNEL_ENV) in force."""
     config = models.from_hf_dict(DEEPSEEK_SHAPED)
     params = models.init_params(config, jax.random.key(3), jnp.bfloat16)
-    tokens = np.random.default_rng(5).integers(0, config.vocab_size, (2, 20)).astype(np.int32)
-    runs = {}
-    monkeypatch.setenv(md.KERNEL_ENV, "unfused")  # at B=2 "auto" would take the fused MLA kernel around both
-    md.default_kernel.cache_clear()
-    try:
-        for kernel in ("xla", "te_async"):
-            monkeypatch.setenv(da.KERNEL_ENV, kernel)
-            da.default_kernel.cache_clear()
-            jax.clear_caches()
-            cache = models.init_cache(config, 2, 64, jnp.bfloat16)
-            _, cache = models.prefill(params, config, cache, tokens[:, :12], group_sizes_mode="device")
-            steps = []
-            for i in range(12, 20):
-                logits, cache = models.decode_step(params, config, cache, jnp.asarray(tokens[:, i:i + 1]), i,
-                                                   group_sizes_mode="device")
-                steps.append(np.asarray(logits, np.float64))
-            runs[kernel] = np.stack(steps)
-    finally:
-        monkeypatch.delenv(da.KERNEL_ENV)
-        monkeypatch.delenv(md.KERNEL_ENV)
-        da.default_kernel.cache_clear()
-        md.default_kernel.cache_clear()
+    tokens = np.random.default_rng(5).integers(0, config.vocab_size, (batch, 20)).astype(np.int32)
+
+    def reset():
+        for module in settings:
+            module.default_kernel.cache_clear()
         jax.clear_caches()
+
+    try:
+        for module, value in settings.items():
+            monkeypatch.setenv(module.KERNEL_ENV, value)
+        reset()
+        cache = models.init_cache(config, batch, 64, jnp.bfloat16)
+        _, cache = models.prefill(params, config, cache, tokens[:, :12], group_sizes_mode="device")
+        steps = []
+        for i in range(12, 20):
+            logits, cache = models.decode_step(params, config, cache, jnp.asarray(tokens[:, i:i + 1]), i,
+                                               group_sizes_mode="device")
+            steps.append(np.asarray(logits, np.float64))
+    finally:
+        for module in settings:
+            monkeypatch.delenv(module.KERNEL_ENV)
+        reset()
+    return np.stack(steps)
+
+
+@pytest.mark.gpu
+def test_model_decodes_the_same_through_the_kernel(monkeypatch):
+    """The DeepSeek-shaped model's decode steps at B=2 with the kernel forced, against the same steps
+    through XLA's attention (both through mla_decode's unfused path, which calls decode_attention)."""
+    runs = {kernel: deepseek_decode_logits(monkeypatch, 2, {md: "unfused", da: kernel}) for kernel in ("xla", "te_async")}
     assert not np.isnan(runs["te_async"]).any()
     assert rel_max(runs["te_async"], runs["xla"]) < 3e-2

@@ -10,10 +10,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import te_async.models as models
 from te_async import decode_attention as da
 from te_async import mla_decode as md
 from te_async.mla_decode import mla_decode_attention, mla_decode_unfused
+from test_decode_attention import deepseek_decode_logits
 
 V2 = dict(nope=128, rope=64, latent=512, value=128)  # DeepSeek-V2 / V3
 ODD = dict(nope=12, rope=4, latent=24, value=20)     # the unfused path takes any dims
@@ -180,43 +180,10 @@ def test_kernel_refuses_a_bad_cluster_size(rng):
         kernel(make(rng, **V2, batch=1, dtype=jnp.bfloat16), 3, 0, 0.1, cluster=4)
 
 
-DEEPSEEK_SHAPED = dict(  # DeepSeek-V2-Lite's attention shapes, everything else small
-    model_type="deepseek_v2", vocab_size=300, hidden_size=256, intermediate_size=320, moe_intermediate_size=64,
-    num_hidden_layers=3, num_attention_heads=16, num_key_value_heads=16, kv_lora_rank=512, q_lora_rank=None,
-    qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, n_routed_experts=8, n_shared_experts=1,
-    num_experts_per_tok=2, first_k_dense_replace=1, norm_topk_prob=False, routed_scaling_factor=1.0,
-    topk_method="greedy", n_group=1, topk_group=1, moe_layer_freq=1, rms_norm_eps=1e-6, rope_theta=10000.0,
-    max_position_embeddings=4096, tie_word_embeddings=False)
-
-
 @pytest.mark.gpu
 def test_model_decodes_the_same_through_the_kernel(monkeypatch):
-    """A bf16 DeepSeek-shaped model's decode steps at one sequence (scanned MoE layers, the stacked
-    cache), teacher forced, through the fused kernel against the unfused path with XLA's attention."""
-    config = models.from_hf_dict(DEEPSEEK_SHAPED)
-    params = models.init_params(config, jax.random.key(3), jnp.bfloat16)
-    tokens = np.random.default_rng(5).integers(0, config.vocab_size, (1, 20)).astype(np.int32)
-    runs = {}
-    monkeypatch.setenv(da.KERNEL_ENV, "xla")
-    try:
-        for path in ("unfused", "te_async"):
-            monkeypatch.setenv(md.KERNEL_ENV, path)
-            md.default_kernel.cache_clear()
-            da.default_kernel.cache_clear()
-            jax.clear_caches()
-            cache = models.init_cache(config, 1, 64, jnp.bfloat16)
-            _, cache = models.prefill(params, config, cache, tokens[:, :12], group_sizes_mode="device")
-            steps = []
-            for i in range(12, 20):
-                logits, cache = models.decode_step(params, config, cache, jnp.asarray(tokens[:, i:i + 1]), i,
-                                                   group_sizes_mode="device")
-                steps.append(np.asarray(logits, np.float64))
-            runs[path] = np.stack(steps)
-    finally:
-        monkeypatch.delenv(md.KERNEL_ENV)
-        monkeypatch.delenv(da.KERNEL_ENV)
-        md.default_kernel.cache_clear()
-        da.default_kernel.cache_clear()
-        jax.clear_caches()
+    """The DeepSeek-shaped model's decode steps at one sequence through the fused kernel against the
+    unfused path, both with XLA's attention."""
+    runs = {path: deepseek_decode_logits(monkeypatch, 1, {md: path, da: "xla"}) for path in ("unfused", "te_async")}
     assert not np.isnan(runs["te_async"]).any()
     assert rel_max(runs["te_async"], runs["unfused"]) < 3e-2

@@ -8,7 +8,7 @@ its weights in L2; per layer: wall clock (bench.timing.time_calls) and GPU busy 
 Both include the routing kernel where experts are routed, and token_ffn's XLA sum of its blocks'
 partials. Then token_ffn with its units per block forced (calling its kernel branch directly:
 jax caches the traced branches of platform_dependent). Usage: python3 -P tools/token_ffn_probe.py"""
-import sys, jax, jax.numpy as jnp, numpy as np
+import jax, jax.numpy as jnp, numpy as np
 from te_async import token_ffn as tf, decode_moe
 from te_async.models.ffn import swiglu_mlp
 from te_async.routing import route

@@ -16,7 +16,6 @@ call's kernels in a profile over L. The floor is the bytes a step must read
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from .. import decode_attention as attention
 from .. import mla_decode
