@@ -119,37 +119,42 @@ def test_kernel_refuses_what_it_cannot_run(rng):
 
 # ---- the CUDA kernel ----
 
-CASES = [  # (batch, tokens, heads, max_len, position, window, cluster)
-    (1, 1, 16, 4096, 4095, None, 0),   # DeepSeek-V2-Lite at one token
-    (1, 1, 16, 4096, 4095, None, 8),
-    (2, 1, 16, 300, 150, None, 16),
-    (1, 3, 16, 100, 50, None, 0),      # three tokens: each its own cluster and limit
-    (3, 2, 20, 257, 200, 33, 0),       # a partial second group of 4 heads, a window
-    (3, 2, 20, 257, 200, 33, 8),
-    (1, 1, 128, 1024, 1000, None, 0),  # DeepSeek-V2 / V3: 8 groups of 16 heads
-    (2, 1, 8, 64, 0, None, 0),         # one key
-    (4, 1, 16, 4096, 2047, 700, 16),
+CASES = [  # (batch, tokens, heads, max_len, position, window, cluster, splits); 0: the kernel chooses
+    (1, 1, 16, 4096, 4095, None, 0, 0),   # DeepSeek-V2-Lite at one token (split over several clusters)
+    (1, 1, 16, 4096, 4095, None, 8, 0),
+    (1, 1, 16, 4096, 4095, None, 16, 1),  # one cluster: its own merge and projection
+    (1, 1, 16, 300, 299, None, 8, 3),     # keys that do not split evenly
+    (2, 1, 16, 300, 150, None, 16, 0),
+    (1, 3, 16, 100, 50, None, 0, 0),      # three tokens: each its own clusters and limit
+    (3, 2, 20, 257, 200, 33, 0, 0),       # a partial second group of 4 heads, a window
+    (3, 2, 20, 257, 200, 33, 8, 2),
+    (1, 1, 128, 1024, 1000, None, 0, 0),  # DeepSeek-V2 / V3: 8 groups of 16 heads
+    (1, 1, 128, 1024, 1000, None, 16, 1),
+    (2, 1, 8, 64, 0, None, 0, 0),         # one key
+    (2, 1, 8, 64, 0, None, 16, 8),        # one key: every split but the first sees none
+    (4, 1, 16, 4096, 2047, 700, 16, 0),
 ]
 
 
-def kernel(operands, position, layer, scale, window=None, cluster=0):
-    f = lambda qn, qp, w, c, k, p, l: md._kernel(qn, qp, w, c, k, p, l, scale=scale, window=window, cluster=cluster)
+def kernel(operands, position, layer, scale, window=None, cluster=0, splits=0):
+    f = lambda qn, qp, w, c, k, p, l: md._kernel(qn, qp, w, c, k, p, l, scale=scale, window=window, cluster=cluster,
+                                                 splits=splits)
     return np.asarray(jax.jit(f)(*operands, jnp.int32(position), jnp.int32(layer)), np.float64)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", CASES, ids=lambda c: "B{}-T{}-H{}-N{}-p{}-w{}-c{}".format(*c))
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "B{}-T{}-H{}-N{}-p{}-w{}-c{}-s{}".format(*c))
 def test_kernel_matches_numpy(rng, case):
-    batch, tokens, heads, max_len, position, window, cluster = case
+    batch, tokens, heads, max_len, position, window, cluster, splits = case
     operands = make(rng, **V2, batch=batch, tokens=tokens, heads=heads, max_len=max_len, dtype=jnp.bfloat16)
     layer, scale = int(rng.integers(3)), 0.07
     ref = numpy_mla(*operands, position, layer, scale, window)
-    out = kernel(operands, position, layer, scale, window, cluster)
+    out = kernel(operands, position, layer, scale, window, cluster, splits)
     xla = unfused(operands, position, layer, scale, window)
     assert not np.isnan(out).any()
     # bf16 latent query, probabilities, latent output and output, as the unfused path rounds them
     assert rel_max(out, ref) < max(2 * rel_max(xla, ref), 8e-3), (rel_max(out, ref), rel_max(xla, ref))
-    np.testing.assert_array_equal(out, kernel(operands, position, layer, scale, window, cluster))  # deterministic
+    np.testing.assert_array_equal(out, kernel(operands, position, layer, scale, window, cluster, splits))  # deterministic
 
 
 @pytest.mark.gpu
@@ -172,12 +177,16 @@ def test_kernel_without_a_visible_key_gives_nan(rng):
     operands = make(rng, **V2, batch=1, dtype=jnp.bfloat16)
     assert np.isnan(kernel(operands, -3, 0, 0.1)).all()
     assert np.isnan(kernel(operands, 3, 7, 0.1)).all()  # layer past the stack
+    assert np.isnan(kernel(operands, -3, 0, 0.1, cluster=8, splits=4)).all()  # through MlaCombineKernel
 
 
 @pytest.mark.gpu
-def test_kernel_refuses_a_bad_cluster_size(rng):
+def test_kernel_refuses_a_bad_cluster_size_or_split_count(rng):
+    operands = make(rng, **V2, batch=1, dtype=jnp.bfloat16)
     with pytest.raises(Exception, match="cluster must be 0"):
-        kernel(make(rng, **V2, batch=1, dtype=jnp.bfloat16), 3, 0, 0.1, cluster=4)
+        kernel(operands, 3, 0, 0.1, cluster=4)
+    with pytest.raises(Exception, match="partial must be \\[1 to 8,"):
+        kernel(operands, 3, 0, 0.1, splits=9)
 
 
 @pytest.mark.gpu

@@ -7,15 +7,18 @@
 // softmax, P.V, the output), each paying a launch and a DRAM round trip for a few MB; te_async's
 // split kernel (decode_attention.cu) still needs the two einsums and a merge kernel around it.
 //
-// Here one thread-block cluster of C blocks (16 where that many clusters are resident at once, else
-// 8) takes one (sequence, new token, group of 16 heads) and does all of it:
+// Here S thread-block clusters of C blocks (C = 16 or 8, S from 1 to 8: the plan below) take one
+// (sequence, new token, group of 16 heads), cluster s the s-th of S shares of its keys:
 //   1. block j computes q_latent for latent dims [j 512 / C, (j + 1) 512 / C) of the 16 heads from
 //      its slice of W_uk (staged in shared memory), so that W_uk is read once per cluster;
 //   2. every block gathers the whole q_latent (and q_pe) through distributed shared memory, then
-//      attends to its 1/C of the visible keys (attention_tile.cuh's AttendChunk, 64-key tiles);
-//   3. block j merges the C partial outputs of its 16 / C heads in rank order (deterministic) and
-//      rounds the latent output to bf16, as the unfused path does;
-//   4. then multiplies it by its heads' W_uv, staged while the cluster merged.
+//      attends to its 1/C of the cluster's keys (attention_tile.cuh's AttendChunk, 64-key tiles);
+//   3. block j merges the C partial outputs of its 16 / C heads in rank order (deterministic);
+//   4. with one cluster (S = 1) it rounds the latent output to bf16, as the unfused path does, and
+//      multiplies it by its heads' W_uv, staged while the cluster merged; with S > 1 it writes the
+//      merged partial output to `partial`, and MlaCombineKernel merges the S of each head in order,
+//      rounds and projects them. A block walks its keys in series, so at one sequence one cluster
+//      of 4096 keys took 33 us on an H200: the splits put the idle SMs to work.
 // At the start every block asks the L2 for what it reads later (its chunk of the cache, its rows of
 // kv_b_proj) with bulk prefetches, so that each phase's loads find their bytes on chip instead of
 // paying one DRAM latency after another. A query that sees no key (a negative position, a bad layer
@@ -48,7 +51,7 @@ constexpr int kKvRow = kNope + kValue;          // kv_b_proj's elements per (lat
 constexpr int kHeads = attention_tile::kRows;  // heads per cluster: the MMA's M
 constexpr int kWarps = 8;
 constexpr int kThreads = 32 * kWarps;
-constexpr int kMaxCluster = 16, kMinCluster = 8;
+constexpr int kMaxCluster = 16, kMinCluster = 8, kMaxSplits = kMlaDecodeMaxSplits;
 constexpr int kMaxSlice = kLatent / kMinCluster;         // latent dims per block
 constexpr int kMaxBlockHeads = kHeads / kMinCluster;     // heads a block merges and projects
 using Tile = attention_tile::Layout<kLatent + kRope, kLatent, true, kWarps>;  // scores over the latent and rope key
@@ -74,10 +77,12 @@ struct MlaArgs {
   const bf16* w_kv;           // kv_b_proj [512, H, 128 + 128]: W_uk, then W_uv, per (latent dim, head)
   const bf16 *ckv, *kpe;      // the stacked cache [L, B, N, 512], [L, B, N, 64]
   const int *layer, *position;
-  int batch, tokens, heads, max_len, layers, window;
+  int batch, tokens, heads, max_len, layers, window, splits;
   float scale_log2;  // the softmax scale times log2(e)
+  float* partial;    // [splits, B*T*H, 512 + 2]: merged unnormalised latent output, max and sum (S > 1)
   bf16* out;         // [B, T, H, 128]
 };
+constexpr int kPartialRow = kLatent + 2;
 
 __device__ __forceinline__ void PrefetchL2(const void* p, unsigned bytes) {
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
@@ -102,20 +107,23 @@ __global__ void __launch_bounds__(kThreads, 1) MlaDecodeKernel(MlaArgs a) {
   cg::cluster_group cluster = cg::this_cluster();
   const int blocks = static_cast<int>(cluster.num_blocks()), rank = static_cast<int>(cluster.block_rank());
   const int slice = kLatent / blocks, block_heads = kHeads / blocks;
-  const int groups = (a.heads + kHeads - 1) / kHeads, id = blockIdx.x / blocks;
+  const int groups = (a.heads + kHeads - 1) / kHeads, split = blockIdx.x / blocks % a.splits;
+  const int id = blockIdx.x / blocks / a.splits;
   const int head0 = id % groups * kHeads, rows = min(kHeads, a.heads - head0);
   const int b = id / groups / a.tokens, t = id / groups % a.tokens;
   const int tid = threadIdx.x;
   const size_t bth = (static_cast<size_t>(b) * a.tokens + t) * a.heads + head0;  // row of head0 of this token
   const size_t latent_stride = static_cast<size_t>(a.heads) * kKvRow;        // w_kv per latent dim
 
-  // The keys this token sees, [lo, hi), and this block's chunk of them, [first, last).
+  // The keys this token sees, [lo, hi), and this block's chunk of them, [first, last): chunk
+  // split * C + rank of S * C, in steps of 16 keys.
   const int layer = *a.layer, position = *a.position + t;
   const bool valid = layer >= 0 && layer < a.layers && *a.position >= 0;
   const int hi = valid ? min(a.max_len, position + 1) : 0;
   const int lo = a.window > 0 ? max(0, position - a.window + 1) : 0;
-  const int chunk = hi > lo ? ((hi - lo + blocks - 1) / blocks + Tile::kKeys - 1) / Tile::kKeys * Tile::kKeys : 0;
-  const int first = lo + rank * chunk, last = min(first + chunk, hi);
+  const int shares = blocks * a.splits;
+  const int chunk = hi > lo ? ((hi - lo + shares - 1) / shares + 15) / 16 * 16 : 0;
+  const int first = min(lo + (split * blocks + rank) * chunk, hi), last = min(first + chunk, hi);
   const size_t key_row0 = (static_cast<size_t>(valid ? layer : 0) * a.batch + b) * a.max_len;
 
   // Everything this block reads from phase 2 on, into the L2 now: its latent rows of kv_b_proj for the
@@ -190,7 +198,7 @@ __global__ void __launch_bounds__(kThreads, 1) MlaDecodeKernel(MlaArgs a) {
     attention_tile::CommitCopies();
   };
   const int my_head0 = rank * block_heads;
-  if (my_head0 < rows) stage_w_uv(my_head0);
+  if (a.splits == 1 && my_head0 < rows) stage_w_uv(my_head0);
   float* partial = reinterpret_cast<float*>(smem + kOutOffset);  // [16][512]
   {
     const int warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
@@ -227,11 +235,18 @@ __global__ void __launch_bounds__(kThreads, 1) MlaDecodeKernel(MlaArgs a) {
       const float2 x = *reinterpret_cast<const float2*>(cluster.map_shared_rank(partial, s) + hh * kLatent + col);
       acc.x = fmaf(weight[s], x.x, acc.x), acc.y = fmaf(weight[s], x.y, acc.y);
     }
+    if (a.splits > 1) {  // the cluster's share, for MlaCombineKernel
+      float* row = a.partial + (static_cast<size_t>(split) * a.batch * a.tokens * a.heads + bth + hh) * kPartialRow;
+      *reinterpret_cast<float2*>(row + col) = acc;
+      if (tid == 0) row[kLatent] = m, row[kLatent + 1] = total;
+      continue;
+    }
     // no key seen: 0 / 0
     latent[k * kLatent + col] = __bfloat162float(__float2bfloat16(acc.x / total));
     latent[k * kLatent + col + 1] = __bfloat162float(__float2bfloat16(acc.y / total));
   }
   cluster.sync();  // no block reads another's shared memory from here on
+  if (a.splits > 1) return;
 
   // 4. out[h] = latent[h] . W_uv[:, h]: thread (column block vc, latent rows [32 rg, 32 rg + 32)), the
   // 16 row groups' sums then added in order.
@@ -270,10 +285,57 @@ __global__ void __launch_bounds__(kThreads, 1) MlaDecodeKernel(MlaArgs a) {
 #endif
 }
 
-// Blocks per cluster: 16 halves what each block reads, where the clusters fit at once; else the
-// size with the fewest waves of clusters, each wave weighed by what one block reads (1 / size).
-// `forced` (8 or 16, from the call's "cluster" attribute, for tests and benchmarks) skips the choice.
-ffi::ErrorOr<int> ClusterBlocks(long long clusters, int forced) {
+// With S > 1: out[b, t, h] = round(sum_s 2^(m_s - M) O_s / sum_s 2^(m_s - M) l_s) W_uv[:, h], the S
+// shares in order. Block (row b t h, 32 value columns); thread (column, group of 64 latent rows).
+constexpr int kCombineColumns = 32;
+__global__ void __launch_bounds__(kThreads) MlaCombineKernel(MlaArgs a) {
+  __shared__ float latent[kLatent];
+  __shared__ float sums[kThreads / kCombineColumns][kCombineColumns];
+  const size_t row = blockIdx.x, rows_total = static_cast<size_t>(a.batch) * a.tokens * a.heads;
+  const int h = static_cast<int>(row % a.heads), tid = threadIdx.x;
+  const float* part = a.partial + row * kPartialRow;
+  float m = -INFINITY, total = 0.f, weight[kMaxSplits];
+  for (int s = 0; s < a.splits; ++s) m = fmaxf(m, part[s * rows_total * kPartialRow + kLatent]);
+  for (int s = 0; s < a.splits; ++s) {
+    const float ms = part[s * rows_total * kPartialRow + kLatent];
+    weight[s] = ms == -INFINITY ? 0.f : exp2f(ms - m);
+    total += weight[s] * part[s * rows_total * kPartialRow + kLatent + 1];
+  }
+  for (int d = tid; d < kLatent; d += kThreads) {
+    float acc = 0.f;
+    for (int s = 0; s < a.splits; ++s) {
+      if (weight[s] != 0.f) acc = fmaf(weight[s], part[s * rows_total * kPartialRow + d], acc);
+    }
+    latent[d] = __bfloat162float(__float2bfloat16(acc / total));  // no key seen: 0 / 0
+  }
+  __syncthreads();
+  const int c = tid % kCombineColumns, g = tid / kCombineColumns, col = blockIdx.y * kCombineColumns + c;
+  constexpr int kGroupRows = kLatent / (kThreads / kCombineColumns);
+  const bf16* w = a.w_kv + static_cast<size_t>(h) * kKvRow + kNope + col;
+  float acc = 0.f;
+  for (int r = g * kGroupRows; r < (g + 1) * kGroupRows; ++r) {
+    acc = fmaf(latent[r], __bfloat162float(w[static_cast<size_t>(r) * a.heads * kKvRow]), acc);
+  }
+  sums[g][c] = acc;
+  __syncthreads();
+  if (g == 0) {
+    float sum = 0.f;
+    for (int i = 0; i < kThreads / kCombineColumns; ++i) sum += sums[i][c];
+    a.out[row * kValue + col] = __float2bfloat16(sum);
+  }
+}
+
+struct MlaPlan {
+  int cluster, splits;
+};
+
+// Blocks per cluster and clusters per (sequence, token, head group). Where some (C, S) keeps every
+// cluster resident in one wave with at least 16 keys a block, the one with the most blocks (C = 16
+// first: half of what each block reads); else S = 1 and the size with the fewest waves of clusters,
+// each wave weighed by what one block reads (1 / size). S is at most `max_splits`, the partial
+// buffer's. `forced_cluster` (8 or 16) and `forced_splits` (from the call's attributes, for tests
+// and benchmarks) skip the choice.
+ffi::ErrorOr<MlaPlan> Plan(long long clusters, long long max_len, int max_splits, int forced_cluster, int forced_splits) {
   if (auto e = CudaStatus(cudaFuncSetAttribute(MlaDecodeKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                static_cast<int>(kSmemBytes)),
                           "cudaFuncSetAttribute(MlaDecodeKernel, max dynamic shared memory)");
@@ -285,35 +347,42 @@ ffi::ErrorOr<int> ClusterBlocks(long long clusters, int forced) {
       e.failure()) {
     return ffi::Unexpected(e);
   }
-  int best = 0;
+  MlaPlan one_wave{0, 0}, waves{0, 1};
   double best_cost = 0.0;
   for (int size : {kMaxCluster, kMinCluster}) {
-    if (forced != 0 && size != forced) continue;
+    if (forced_cluster != 0 && size != forced_cluster) continue;
     auto resident = ResidentClusters(MlaDecodeKernel, kThreads, size, kSmemBytes);
     if (resident.has_error()) return ffi::Unexpected(resident.error());
     if (*resident < 1) continue;
+    const long long splits = std::min<long long>({max_splits, *resident / clusters, max_len / (16 * size)});
+    if (splits >= 1 && splits * size > static_cast<long long>(one_wave.cluster) * one_wave.splits) {
+      one_wave = {size, static_cast<int>(splits)};
+    }
     const double cost = static_cast<double>((clusters + *resident - 1) / *resident) / size;
-    if (best == 0 || cost < best_cost - 1e-9) best = size, best_cost = cost;
+    if (waves.cluster == 0 || cost < best_cost - 1e-9) waves.cluster = size, best_cost = cost;
   }
-  if (best == 0) {
+  if (waves.cluster == 0) {
     return ffi::Unexpected(ffi::Error::Internal("te_async mla_decode: no cluster of " +
-                                                std::to_string(forced ? forced : kMinCluster) +
+                                                std::to_string(forced_cluster ? forced_cluster : kMinCluster) +
                                                 " blocks fits on this GPU (compute capability 9.0 or later needed)"));
   }
-  return best;
+  MlaPlan plan = one_wave.cluster != 0 ? one_wave : waves;
+  if (forced_splits != 0) plan.splits = forced_splits;
+  return plan;
 }
 
 ffi::Error MlaDecode(cudaStream_t stream, ffi::Buffer<ffi::BF16> q_nope, ffi::Buffer<ffi::BF16> q_pe,
                      ffi::Buffer<ffi::BF16> w_kv, ffi::Buffer<ffi::BF16> ckv, ffi::Buffer<ffi::BF16> kpe,
                      ffi::Buffer<ffi::S32> layer, ffi::Buffer<ffi::S32> position, ffi::Result<ffi::Buffer<ffi::BF16>> out,
-                     float scale, int64_t window, int64_t cluster) {
+                     ffi::Result<ffi::Buffer<ffi::F32>> partial, float scale, int64_t window, int64_t cluster,
+                     int64_t splits) {
   auto bad = [](const std::string& why) { return ffi::Error::InvalidArgument("te_async mla_decode: " + why); };
   const auto qd = q_nope.dimensions(), pd = q_pe.dimensions(), wd = w_kv.dimensions(), cd = ckv.dimensions();
-  const auto kd = kpe.dimensions(), od = out->dimensions();
+  const auto kd = kpe.dimensions(), od = out->dimensions(), sd = partial->dimensions();
   if (qd.size() != 4 || pd.size() != 4 || wd.size() != 3 || cd.size() != 4 || kd.size() != 4 || od.size() != 4 ||
-      layer.element_count() != 1 || position.element_count() != 1) {
-    return bad("ranks: q_nope, q_pe, out [B,T,H,d]; w_kv [latent, H, nope + value]; ckv, kpe [L,B,N,d]; layer and "
-               "position scalars");
+      sd.size() != 3 || layer.element_count() != 1 || position.element_count() != 1) {
+    return bad("ranks: q_nope, q_pe, out [B,T,H,d]; w_kv [latent, H, nope + value]; ckv, kpe [L,B,N,d]; partial "
+               "[max splits, B*T*H, latent + 2]; layer and position scalars");
   }
   const int64_t batch = qd[0], tokens = qd[1], heads = qd[2], layers = cd[0], max_len = cd[2];
   const bool fits = qd[3] == kNope && pd[0] == batch && pd[1] == tokens && pd[2] == heads && pd[3] == kRope &&
@@ -327,9 +396,18 @@ ffi::Error MlaDecode(cudaStream_t stream, ffi::Buffer<ffi::BF16> q_nope, ffi::Bu
                std::to_string(kValue) + "]");
   }
   const int64_t clusters = batch * tokens * ((heads + kHeads - 1) / kHeads);
-  if (heads < 1 || clusters * kMaxCluster > INT32_MAX || max_len > (int64_t{1} << 30) ||
+  if (heads < 1 || clusters * kMaxSplits * kMaxCluster > INT32_MAX || max_len > (int64_t{1} << 30) ||
       layers * batch * max_len > (int64_t{1} << 40)) {
-    return bad("too large: B * T * ceil(H / 16) clusters of 16 blocks must fit one grid, the cache 2^40 rows");
+    return bad("too large: B * T * ceil(H / 16) head groups of " + std::to_string(kMaxSplits) +
+               " clusters of 16 blocks must fit one grid, the cache 2^40 rows");
+  }
+  const int64_t max_splits = sd[0];
+  if (max_splits < 1 || max_splits > kMaxSplits || sd[1] != batch * tokens * heads || sd[2] != kPartialRow) {
+    return bad("partial must be [1 to " + std::to_string(kMaxSplits) + ", B*T*H, " + std::to_string(kPartialRow) + "]");
+  }
+  if (splits < 0 || splits > max_splits) {
+    return bad("splits must be 0 (chosen) or at most the partial buffer's " + std::to_string(max_splits) + ", got " +
+               std::to_string(splits));
   }
   if (cluster != 0 && cluster != kMinCluster && cluster != kMaxCluster) {
     return bad("cluster must be 0 (chosen), " + std::to_string(kMinCluster) + " or " + std::to_string(kMaxCluster) +
@@ -338,16 +416,22 @@ ffi::Error MlaDecode(cudaStream_t stream, ffi::Buffer<ffi::BF16> q_nope, ffi::Bu
   if (window < 0) return bad("window must be 0 (none) or a positive number of keys, got " + std::to_string(window));
   if (PoisonOutputs()) TE_ASYNC_CUDA(cudaMemsetAsync(out->untyped_data(), 0xff, out->size_bytes(), stream));
   if (out->element_count() == 0) return ffi::Error::Success();
-  auto blocks = ClusterBlocks(clusters, static_cast<int>(cluster));
-  if (blocks.has_error()) return blocks.error();
+  auto plan = Plan(clusters, max_len, static_cast<int>(max_splits), static_cast<int>(cluster), static_cast<int>(splits));
+  if (plan.has_error()) return plan.error();
   const auto in = [](const ffi::Buffer<ffi::BF16>& x) { return static_cast<const bf16*>(x.untyped_data()); };
   const MlaArgs a{in(q_nope), in(q_pe), in(w_kv), in(ckv), in(kpe), layer.typed_data(), position.typed_data(),
                   static_cast<int>(batch), static_cast<int>(tokens), static_cast<int>(heads), static_cast<int>(max_len),
-                  static_cast<int>(layers), static_cast<int>(window), scale * 1.4426950408889634f /* log2(e) */,
-                  static_cast<bf16*>(out->untyped_data())};
+                  static_cast<int>(layers), static_cast<int>(window), plan->splits,
+                  scale * 1.4426950408889634f /* log2(e) */, partial->typed_data(), static_cast<bf16*>(out->untyped_data())};
   cudaLaunchAttribute attr;
-  const cudaLaunchConfig_t config = ClusterLaunchConfig(clusters * *blocks, kThreads, *blocks, stream, attr, kSmemBytes);
-  return CudaStatus(cudaLaunchKernelEx(&config, MlaDecodeKernel, a), "launch of the fused MLA decode kernel");
+  const cudaLaunchConfig_t config =
+      ClusterLaunchConfig(clusters * plan->splits * plan->cluster, kThreads, plan->cluster, stream, attr, kSmemBytes);
+  if (auto e = CudaStatus(cudaLaunchKernelEx(&config, MlaDecodeKernel, a), "launch of the fused MLA decode kernel");
+      e.failure() || plan->splits == 1) {
+    return e;
+  }
+  MlaCombineKernel<<<dim3(static_cast<unsigned>(batch * tokens * heads), kValue / kCombineColumns), kThreads, 0, stream>>>(a);
+  return CudaStatus(cudaGetLastError(), "launch of the fused MLA decode's MlaCombineKernel");
 }
 
 }  // namespace
@@ -363,9 +447,11 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(kMlaDecodeCuda, MlaDecode,
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Ret<ffi::Buffer<ffi::BF16>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
                                   .Attr<float>("scale")
                                   .Attr<int64_t>("window")
-                                  .Attr<int64_t>("cluster"),
+                                  .Attr<int64_t>("cluster")
+                                  .Attr<int64_t>("splits"),
                               {ffi::Traits::kCmdBufferCompatible});
 
 }  // namespace te_async

@@ -1,5 +1,6 @@
-// The fused MLA decode kernel's head shape (mla_decode.cu), which te_async/mla_decode.py reads from
-// the module to decide where the kernel applies.
+// The fused MLA decode kernel's head shape and most key splits (mla_decode.cu), which
+// te_async/mla_decode.py reads from the module to decide where the kernel applies and to size its
+// partial buffer.
 #pragma once
 
 namespace te_async {
@@ -10,5 +11,8 @@ struct MlaDecodeDims {
   int nope, rope, latent, value;
 };
 inline constexpr MlaDecodeDims kMlaDecodeDims = {128, 64, 512, 128};
+
+// Clusters that may share one (sequence, token, head group)'s keys: the partial buffer's first dim.
+inline constexpr int kMlaDecodeMaxSplits = 8;
 
 }  // namespace te_async

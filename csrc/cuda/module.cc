@@ -111,6 +111,7 @@ NB_MODULE(_te_async_cuda, m) {
   m.attr("DECODE_ATTENTION_SHAPES") = attention_shapes;
   constexpr auto mla = te_async::kMlaDecodeDims;  // (nope, rope, latent, value) of the fused MLA kernel
   m.attr("MLA_DECODE_DIMS") = nb::make_tuple(mla.nope, mla.rope, mla.latent, mla.value);
+  m.attr("MLA_DECODE_MAX_SPLITS") = te_async::kMlaDecodeMaxSplits;
   m.attr("FUSED_MAX_ROWS") = te_async::kSmallGroupsFusedMaxRows;
   // The configs each form can run, by form ("m", "mt", "k"), for TE_ASYNC_CUTLASS_CONFIG; empty
   // when CUTLASS is not built.
