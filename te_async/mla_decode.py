@@ -10,12 +10,11 @@ DeepSeek-V2/V3's head shape (MLA_DECODE_DIMS) on a GPU of compute capability 9.0
 
 TE_ASYNC_MLA_DECODE (read once): "auto" (default) and "unfused" take the einsums around
 decode_attention; "te_async" takes the kernel (an error where it cannot run). "auto" does not take
-the kernel because it lost where it mattered (H200, docs/benchmarks.md table A3, GPU µs per layer at
-4096 cached tokens): a block walks 256 keys in series, so the kernel takes about 33 µs whatever
-the batch while its clusters fit in one wave. DeepSeek-V2-Lite: 33.4 against the unfused path's
-24.5 at B=1, 34.5 against 41.2 at B=4 (its one win, B=3 to 6), 67.9 against 48.3 at B=8;
-DeepSeek-V3 (8 groups of heads): 66.0 against XLA's 55.3 at B=1. Splitting the keys over more
-clusters, with a merge across them, is what it lacks.
+the kernel because it lost to the unfused path (H200, docs/benchmarks.md table A3, GPU µs per layer
+at 4096 cached tokens): DeepSeek-V2-Lite 29.4 against 24.5 at B=1 and 56.2 against 48.7 at B=8;
+DeepSeek-V3 54.0 against XLA's 55.1 at B=1 but 63.97 against 59.07 µs of wall clock, and far
+behind from B=2. Its fixed work per block (W_uk staged for the latent query, the merge across the
+cluster) costs more than the launches it saves.
 """
 
 import functools
