@@ -65,10 +65,7 @@ def decode_attention(q: jax.Array, keys: jax.Array, values: Optional[jax.Array],
     """
     kernel = default_kernel() if kernel is None else kernel
     _check(q, keys, values, q_rope, key_rope, kernel)
-    if window is not None and (not isinstance(window, int) or window < 1):
-        raise ValueError(f"window must be None or a positive number of keys, got {window!r}")
-    if isinstance(layer, int) and not 0 <= layer < keys.shape[0]:  # a traced layer past the stack gives NaN on the GPU
-        raise ValueError(f"layer {layer} is outside the stack of {keys.shape[0]} layers")
+    check_window_and_layer(window, layer, keys.shape[0])
     args = (q, keys, values, jnp.asarray(position, jnp.int32), jnp.asarray(layer, jnp.int32), q_rope, key_rope)
     opts = dict(scale=float(scale), window=window)
     applies = kernel_applies(q, keys, values, q_rope)
@@ -156,6 +153,15 @@ def _kernel(q, keys, values, position, layer, q_rope=None, key_rope=None, *, sca
         q, q_rope, keys, key_rope, keys if values_are_keys else values, layer, position,
         scale=np.float32(scale), window=np.int64(window or 0), values_are_keys=values_are_keys)
     return out
+
+
+def check_window_and_layer(window, layer, layers: int) -> None:
+    """A window of None or a positive number of keys, and a static layer inside the stack of
+    `layers` (a traced layer past it gives NaN on the GPU); mla_decode checks the same."""
+    if window is not None and (not isinstance(window, int) or window < 1):
+        raise ValueError(f"window must be None or a positive number of keys, got {window!r}")
+    if isinstance(layer, int) and not 0 <= layer < layers:
+        raise ValueError(f"layer {layer} is outside the stack of {layers} layers")
 
 
 def _check(q, keys, values, q_rope, key_rope, kernel) -> None:

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _ffi, plan
-from .decode_attention import decode_attention
+from .decode_attention import check_window_and_layer, decode_attention
 
 MLA_DECODE = "te_async_mla_decode"
 KERNEL_ENV = "TE_ASYNC_MLA_DECODE"
@@ -48,14 +48,12 @@ def mla_decode_attention(q_nope: jax.Array, q_pe: jax.Array, w_kv: jax.Array, ck
     w_kv, kv_b_proj as [latent, H, dn + dv]; ckv [L, B, N, latent] (normalised latents) and kpe
     [L, B, N, dr] (rotated rope keys). Query t sees keys j <= position + t (and j > position + t -
     window). kernel: None (the TE_ASYNC_MLA_DECODE setting), "auto", "te_async" or "unfused" (see
-    the module's docstring for which "auto" takes). The kernel has no gradient: differentiate through kernel="unfused".
+    the module's docstring for which "auto" takes). The kernel has no gradient: differentiate
+    through kernel="unfused".
     """
     kernel = default_kernel() if kernel is None else kernel
     _check(q_nope, q_pe, w_kv, ckv, kpe, kernel)
-    if window is not None and (not isinstance(window, int) or window < 1):
-        raise ValueError(f"window must be None or a positive number of keys, got {window!r}")
-    if isinstance(layer, int) and not 0 <= layer < ckv.shape[0]:  # a traced layer past the stack gives NaN on the GPU
-        raise ValueError(f"layer {layer} is outside the stack of {ckv.shape[0]} layers")
+    check_window_and_layer(window, layer, ckv.shape[0])
     args = (q_nope, q_pe, w_kv, ckv, kpe, jnp.asarray(position, jnp.int32), jnp.asarray(layer, jnp.int32))
     opts = dict(scale=float(scale), window=window)
     if kernel != "te_async":
