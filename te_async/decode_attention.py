@@ -132,9 +132,8 @@ def kernel_applies(q, keys, values, q_rope) -> bool:
 def splits_for(blocks: int, max_len: int) -> int:
     """Key chunks per (sequence, kv head): about two blocks per SM in all, at least MIN_CHUNK keys
     each (every split adds its partial output to the merge's reads)."""
-    sms = max(sms for _, sms in plan.local_gpu_kinds())
     want = min(_ffi.cuda_module().DECODE_ATTENTION_MAX_SPLITS, math.ceil(max_len / MIN_CHUNK),
-               max(1, math.ceil(2 * sms / blocks)))
+               max(1, math.ceil(2 * plan.local_sm_count() / blocks)))
     chunk = math.ceil(math.ceil(max_len / want) / KEY_TILE) * KEY_TILE
     return math.ceil(max_len / chunk)
 

@@ -88,12 +88,14 @@ def kernel_applies(q_nope, q_pe, w_kv, ckv, kpe) -> bool:
             and all(cc >= 90 for cc, _ in plan.local_gpu_kinds()))
 
 
-def split_capacity(head_groups: int) -> int:
-    """The partial buffer's splits for B * T * ceil(H / 16) head groups (16 heads a cluster): as many
-    clusters of 8 blocks as fill the SMs in one wave, from 1 to MLA_DECODE_MAX_SPLITS. The kernel
-    takes at most this many, fewer where its clusters would not all be resident."""
-    sms = max(sms for _, sms in plan.local_gpu_kinds())
-    return max(1, min(_ffi.cuda_module().MLA_DECODE_MAX_SPLITS, sms // (8 * head_groups)))
+def split_capacity(tokens: int, heads: int) -> int:
+    """The partial buffer's splits for B * T = `tokens` new tokens of `heads` heads, in head groups of
+    DECODE_ATTENTION_MAX_ROWS (a cluster's MMA rows): as many clusters of 8 blocks as fill the SMs in
+    one wave, from 1 to MLA_DECODE_MAX_SPLITS. The kernel takes at most this many, fewer where its
+    clusters would not all be resident."""
+    module = _ffi.cuda_module()
+    head_groups = tokens * -(-heads // module.DECODE_ATTENTION_MAX_ROWS)
+    return max(1, min(module.MLA_DECODE_MAX_SPLITS, plan.local_sm_count() // (8 * head_groups)))
 
 
 def _kernel(q_nope, q_pe, w_kv, ckv, kpe, position, layer, *, scale, window, cluster: int = 0, splits: int = 0):
@@ -101,7 +103,7 @@ def _kernel(q_nope, q_pe, w_kv, ckv, kpe, position, layer, *, scale, window, clu
     head group (0: the kernel chooses each)."""
     b, t, h, _ = q_nope.shape
     dv, latent = w_kv.shape[-1] - q_nope.shape[-1], ckv.shape[-1]
-    capacity = splits or split_capacity(b * t * -(-h // 16))
+    capacity = splits or split_capacity(b * t, h)
     out, _ = jax.ffi.ffi_call(MLA_DECODE, (jax.ShapeDtypeStruct((b, t, h, dv), q_nope.dtype),
                                            jax.ShapeDtypeStruct((capacity, b * t * h, latent + 2), jnp.float32)))(
         q_nope, q_pe, w_kv, ckv, kpe, layer, position, scale=np.float32(scale), window=np.int64(window or 0),

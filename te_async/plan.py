@@ -109,6 +109,11 @@ def local_gpu_kinds() -> set:
     return {_device_kind(d.local_hardware_id) for d in jax.local_devices(backend="gpu")}
 
 
+def local_sm_count() -> int:
+    """SMs of the largest local GPU: what the decode kernels size their key splits by."""
+    return max(sms for _, sms in local_gpu_kinds())
+
+
 def on_gpu() -> bool:
     return _ffi.gpu_present() and jax.default_backend() == "gpu"
 

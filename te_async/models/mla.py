@@ -13,8 +13,8 @@ DeepSeek-V2-Lite against 16 * (192 + 128) = 5120 for the expanded keys and value
 expands the cache: kv_b_proj is absorbed into the query and the output (q_nope . W_uk c =
 (q_nope W_uk) . c, and p (c W_uv) = (p c) W_uv), so a step reads the cache once and multiplies
 by kv_b_proj once per new token instead of once per cached token (te_async.mla_decode; its
-one-kernel form only with TE_ASYNC_MLA_DECODE=te_async). A whole sequence (forward, prefill) takes the expanded path, as
-transformers does, which costs fewer FLOPs there.
+one-kernel form only with TE_ASYNC_MLA_DECODE=te_async). A whole sequence (forward, prefill)
+takes the expanded path, as transformers does, which costs fewer FLOPs there.
 """
 
 from typing import Optional
