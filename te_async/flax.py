@@ -14,8 +14,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from .group_sizes import HostGroupSizes
-from .mlp import GATED_ACTIVATIONS, grouped_mlp
-from .row_norm import NORMS
+from .mlp import GATED_ACTIVATIONS, NORMS, grouped_mlp
 
 EXPERT_KERNEL_INIT = nnx.initializers.variance_scaling(1.0, "fan_in", "truncated_normal", in_axis=-2, out_axis=-1, batch_axis=(0,))
 

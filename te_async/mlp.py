@@ -38,11 +38,11 @@ import jax.numpy as jnp
 from . import plan
 from .gemm import grouped_gemm, outside_slice_fusion, vjp_shapes
 from .group_sizes import HostGroupSizes, async_handle, check_group_sizes, resolve_group_sizes_mode, reuse_group_sizes
-from .row_norm import NORMS, normalize
 from .sharding import check_unsharded
 
 logger = logging.getLogger("te_async")
 
+NORMS = ("rmsnorm", "layernorm", None)
 EPS = 1e-6  # grouped_mlp's default norm epsilon, which te_async.moe.moe_block uses
 _gelu_tanh = functools.partial(jax.nn.gelu, approximate=True)
 GATED_ACTIVATIONS = {"swiglu": jax.nn.silu, "geglu": _gelu_tanh}
@@ -55,6 +55,21 @@ class _Config(NamedTuple):
     eps: float
     activation: str
     mode: str
+
+
+def normalize(x, scale, bias, norm: Optional[str], eps: float):
+    """RMSNorm or LayerNorm in float32, cast back to x.dtype."""
+    if norm is None:
+        return x
+    xf = x.astype(jnp.float32)
+    if norm == "layernorm":
+        xf = xf - jnp.mean(xf, axis=-1, keepdims=True)
+    y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
+    if scale is not None:
+        y = y * scale.astype(jnp.float32)
+    if bias is not None:
+        y = y + bias.astype(jnp.float32)
+    return y.astype(x.dtype)
 
 
 def activate(h, activation: str):

@@ -12,8 +12,7 @@ import jax.numpy as jnp
 
 from . import decode_moe, token_ffn, token_moe
 from .group_sizes import copy_group_sizes
-from .mlp import EPS, grouped_mlp, resolve_mlp_mode
-from .row_norm import normalize
+from .mlp import EPS, grouped_mlp, normalize, resolve_mlp_mode
 from .routing import Dispatch, Routing, combine, plan_dispatch, route, route_reference  # noqa: F401 (re-exported)
 
 

@@ -12,7 +12,7 @@ partials and the residual add are XLA's. Expert ids and weights stay on the GPU,
 one CUDA graph.
 
 The arithmetic is the unfused path's: the norm in float32 (Norm.round_first says which rounding,
-transformers' or te_async.row_norm.normalize_reference's), the router logits in float32 from the normalised x as
+transformers' or te_async.mlp.normalize's), the router logits in float32 from the normalised x as
 rounded to x's dtype, the routing of te_async.routing (softmax, group-limited top-k,
 renormalisation, scaling), token_ffn's experts, the sum rounded to x's dtype, then x + y. The
 kernels add in their own orders, so values may differ from the reference in the last bits and a
@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import token_ffn
-from .row_norm import normalize_reference
+from .mlp import normalize
 from .routing import Routing, check_options, kernel_applies, route_reference
 
 TOKEN_MOE = "te_async_token_moe"
@@ -39,7 +39,7 @@ class Norm(NamedTuple):
     scale: jax.Array  # [H], x's dtype or float32
     eps: float
     # True: transformers' RMSNorm (round the normalised x to x's dtype, then times the scale in
-    # x's dtype); False: te_async.row_norm.normalize_reference (times the scale in float32, rounded once).
+    # x's dtype); False: te_async.mlp.normalize (times the scale in float32, rounded once).
     round_first: bool
 
 
@@ -103,7 +103,7 @@ def _normalize(x, scale, s: _Static):
         xf = x.astype(jnp.float32)
         y = _held(xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + s.eps), x.dtype)
         return (_held(scale, x.dtype) * y).astype(x.dtype)
-    return normalize_reference(x, scale, None, "rmsnorm", s.eps)
+    return normalize(x, scale, None, "rmsnorm", s.eps)
 
 
 def _reference(x, scale, router, w_fc1, w_fc2, shared, s: _Static):

@@ -16,7 +16,5 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(kDecodeAttentionCuda);  // decode_attention.cu
 XLA_FFI_DECLARE_HANDLER_SYMBOL(kMlaDecodeCuda);        // mla_decode.cu
 XLA_FFI_DECLARE_HANDLER_SYMBOL(kTokenFfnCuda);         // token_ffn.cu
 XLA_FFI_DECLARE_HANDLER_SYMBOL(kTokenMoeCuda);         // token_ffn.cu
-XLA_FFI_DECLARE_HANDLER_SYMBOL(kRowNormForwardCuda);   // row_norm.cu
-XLA_FFI_DECLARE_HANDLER_SYMBOL(kRowNormBackwardCuda);  // row_norm.cu
 
 }  // namespace te_async

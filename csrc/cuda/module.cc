@@ -18,7 +18,6 @@
 #include "cuda/host_size_slots.h"
 #include "cuda/mla_decode.h"
 #include "cuda/moe_routing.h"
-#include "cuda/row_norm.h"
 #include "cuda/stream_pool.h"
 
 namespace nb = nanobind;
@@ -37,8 +36,6 @@ NB_MODULE(_te_async_cuda, m) {
     d["te_async_mla_decode"] = te_async::EncapsulateFfiHandler(te_async::kMlaDecodeCuda);
     d["te_async_token_ffn"] = te_async::EncapsulateFfiHandler(te_async::kTokenFfnCuda);
     d["te_async_token_moe"] = te_async::EncapsulateFfiHandler(te_async::kTokenMoeCuda);
-    d["te_async_row_norm_forward"] = te_async::EncapsulateFfiHandler(te_async::kRowNormForwardCuda);
-    d["te_async_row_norm_backward"] = te_async::EncapsulateFfiHandler(te_async::kRowNormBackwardCuda);
     return d;
   });
   m.def("host_size_stats", [](int device) {
@@ -102,15 +99,6 @@ NB_MODULE(_te_async_cuda, m) {
       },
       nb::arg("groups"), nb::arg("rows"), nb::arg("k"), nb::arg("n"), nb::arg("transpose_rhs"), nb::arg("dtype"),
       nb::arg("compute_capability"), nb::arg("sm_count"));
-  // The row-norm kernels' blocks for x [rows, h] of `itemsize`-byte elements, or 0 where they do not apply.
-  m.def(
-      "row_norm_blocks",
-      [](int64_t rows, int64_t h, int64_t itemsize, int sm_count) -> int64_t {
-        const bool known = itemsize == 2 || itemsize == 4;
-        if (!known || !te_async::RowNormApplies(h, static_cast<size_t>(itemsize))) return 0;
-        return te_async::RowNormBlocks(rows, h, static_cast<size_t>(itemsize), sm_count);
-      },
-      nb::arg("rows"), nb::arg("h"), nb::arg("itemsize"), nb::arg("sm_count"));
   m.attr("CUTLASS_BUILT") = te_async::CutlassBuilt();
   m.attr("ROUTE_MAX_EXPERTS") = te_async::kRouteMaxExperts;
   m.attr("ROUTE_MAX_CHOICES") = te_async::kRouteMaxChoices;

@@ -37,8 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import GROUP_SIZES_MODES
-from ..mlp import EPS, activate
-from ..row_norm import normalize
+from ..mlp import EPS, activate, normalize
 from ..moe import combine, moe_block, plan_dispatch, route_top_k
 from . import presets, timing, trace
 

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import GROUP_SIZES_MODES, grouped_mlp, ragged_dot
-from ..row_norm import normalize
+from ..mlp import normalize
 from . import presets, timing, torch_reference
 from .decode import ACTIVATION, EPS, NORM, ragged_dot_mlp
 from .prefill import splits
