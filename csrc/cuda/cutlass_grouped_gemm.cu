@@ -58,31 +58,31 @@ Form FormOf(const GroupedGemmShape& s) {
 double ClusterPad(int64_t tiles) { return tiles % 2 == 0 ? 0.0 : 1.0 / static_cast<double>(tiles); }
 
 // Tile config by heuristic on the static shape only (the same answer at trace time and at run
-// time; group sizes are never seen). r = M / G is the average rows per group.
-//
-// Both forms: a tile whose reduction is short (fewer than 16 K-steps of 64) spends a large share
-// of its time in the epilogue (storing 32-64 KB per tile). Ping-pong runs one warp group's
-// epilogue under the other warp group's mainloop, so short reductions use ping-pong 128x128x64;
-// long ones use cooperative 128x256x64 (the fastest bf16 tile on H100/H200 for long K: 2 consumer
-// warp groups of 64x256, 4 smem stages, the best flop per byte of L2 traffic).
-// Clusters of 2 CTAs multicast one operand to both, but pad the group's tile grid to an even
-// count along the cluster axis, and a padded tile runs the whole mainloop on zero-filled data.
+// time; group sizes are never seen). r = M / G is the average rows per group. Chosen from two
+// sweeps of every config on an H200 (`bench prefill --cutlass-configs`, GPU time, even and skewed
+// splits): DeepSeek-V2-Lite's six training GEMMs (2026-12-02, docs/results/2026-12-02-h200-train/
+// prefill_configs.md) and Qwen3-30B-A3B's (128 experts, 2026-12-04, docs/results/2026-12-04-h200-
+// train/prefill_configs_qwen3.md).
 //
 // Ragged m (forward, dgrad): group g is an (m_g x N) output with the full K reduction.
 //  * r <= 64: ping-pong 64x128x64, no cluster. Groups of a few dozen rows fill a 128-row tile
-//    half or less, and a cluster along M would pair a real tile with an empty one.
-//  * K < 1024: ping-pong 128x128x64, cluster 1x2.
-//  * else cooperative 128x256x64: cluster 1x2 (A multicast) when ceil(N/256) is even, else no
-//    cluster. Measured on an H200 (docs/benchmarks.md, every config on DeepSeek-V2-Lite's prefill
-//    GEMMs, even and skewed splits): fc1 N=2816 has 11 N-tiles, and 1x2 padded 1 in 12 and ran
-//    10 % slower than no cluster (494 vs 552 TFLOP/s); fc2 N=2048 has 8, and 1x2 was the fastest
-//    (484 vs 469). Clusters along M (2x1) pad every group with an odd tile count and lost in
-//    every case (386-454), as did 256x128 (186-428) and the 64x256 ping-pong (324-541).
+//    half or less.
+//  * else cooperative 128x256x64 without a cluster (2 consumer warp groups on one tile, 4 smem
+//    stages). It was the fastest or within 1 % of it in all 16 ragged-m cells of the two sweeps,
+//    short reductions included (Qwen3's fc2, K = 768: 522 against ping-pong 128x128's 491
+//    TFLOP/s). The 1x2 cluster (A multicast) lost even where it pads nothing: Qwen3's fc1 (6
+//    N-tiles) 535 against 637, fc1 dgrad 521 against 604; DeepSeek's fc2 604 against 628. Clusters
+//    along M pad every group with an odd tile count and lost everywhere.
 // Ragged k (wgrad): group g is a (K x N) output with an m_g-long reduction; the output tile grid
-// is exact (static K and N), only the reduction length, about r, varies.
-//  * r >= 1024: cooperative 128x256x64, cluster 1x2.
-//  * shorter: ping-pong 128x128x64, cluster 1x2 when ceil(N/128) is even, 2x1 when only
-//    ceil(K/128) is, else the smaller padding.
+// is exact (static K and N), only the reduction length, about r, varies. Every tile's epilogue
+// stores a whole 32-64 KB tile after a short mainloop.
+//  * cooperative 128x256x64 with a 1x2 cluster where ceil(N/256) is even or the reduction is
+//    long (r >= 1024): Qwen3 fc1 wgrad (N = 1536) 407 against ping-pong's 382, fc2 (N = 2048) 383
+//    against 349; DeepSeek fc2 (N = 2048) 476 against 483 even, 314 against 291 skewed.
+//  * else ping-pong 128x128x64 (one warp group's epilogue under the other's mainloop), cluster
+//    1x2 when ceil(N/128) is even, 2x1 when only ceil(K/128) is, else the smaller padding:
+//    DeepSeek's fc1 wgrad (N = 2816, 11 N-tiles of 256, so the cooperative cluster pads 1 in 12)
+//    532 against 479.
 // TE_ASYNC_CUTLASS_CONFIG=<config name> overrides the choice when the form runs that config (for
 // benchmarks and tests; the workspace covers every config of the form); te_async/plan.py reads it
 // when a call is traced and passes it to CutlassSm90Config.
@@ -90,12 +90,8 @@ Tile HeuristicTile(const GroupedGemmShape& s) {
   constexpr int64_t kLongReduction = 1024;
   const int64_t groups = s.groups > 0 ? s.groups : 1;
   const int64_t r = s.rows / groups;
-  if (!s.ragged_k) {
-    if (r <= 64) return Tile::kPing64x128C1x1;
-    if (s.k < kLongReduction) return Tile::kPing128x128C1x2;
-    return CeilDiv(s.n, 256) % 2 == 0 ? Tile::kCoop128x256C1x2 : Tile::kCoop128x256C1x1;
-  }
-  if (r >= kLongReduction) return Tile::kCoop128x256C1x2;
+  if (!s.ragged_k) return r <= 64 ? Tile::kPing64x128C1x1 : Tile::kCoop128x256C1x1;
+  if (r >= kLongReduction || CeilDiv(s.n, 256) % 2 == 0) return Tile::kCoop128x256C1x2;
   const double pad_n = ClusterPad(CeilDiv(s.n, 128));
   const double pad_m = ClusterPad(CeilDiv(s.k, 128));
   return pad_m < pad_n ? Tile::kPing128x128C2x1 : Tile::kPing128x128C1x2;

@@ -55,7 +55,7 @@ enum class Form : int { kRaggedM = 0, kRaggedMT = 1, kRaggedK = 2 };
 // Kernel configs: schedule, CTA tile (M x N x K-step) and cluster (M x N).
 enum class Tile : int {
   kCoop128x256C1x2 = 0,  // cooperative, 2 consumer warp groups on one 128x256 tile, A multicast
-  kCoop128x256C1x1 = 1,  // same tile, no cluster: for an odd number of N-tiles
+  kCoop128x256C1x1 = 1,  // same tile, no cluster: the forward and dgrad GEMMs (ragged m)
   kPing64x128C1x1 = 2,   // ping-pong, one warp group per 64x128 tile: groups of a few dozen rows
   kPing128x128C1x2 = 3,  // ping-pong 128x128: epilogue of one warp group hidden behind the other's
   kPing128x128C2x1 = 4,  //   mainloop; for short reductions (few K-steps a tile)
