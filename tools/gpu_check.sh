@@ -37,7 +37,8 @@ for stage in $stages; do
       python3 -c "import jax; print('jax', jax.__version__, jax.devices())" | tee -a "$OUT/gpu.txt"
       # PREBUILT=<wheel>: a wheel an earlier call built from the same C++ sources (it comes back
       # in $OUT/gpubuild/ and can be carried), installed instead of compiling CUTLASS again; the
-      # Python files are then taken from this tree.
+      # Python files are then taken from this tree. pip takes only a wheel's own file name
+      # (te_async-<version>-<tags>.whl): keep builds apart by folder (.gpubuild/<commit>/), not by name.
       if [ -n "${PREBUILT:-}" ]; then
         run build python3 -m pip install --no-deps --force-reinstall "$PREBUILT"
         site=$(cd / && python3 -c "import te_async, os; print(os.path.dirname(te_async.__file__))")
