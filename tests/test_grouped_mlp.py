@@ -52,13 +52,16 @@ def group_sizes_to_ref(kw):
     return kw.pop("x")
 
 
-# Smooth activations only: finite differences across relu's kink are not a gradient check.
+# Smooth activations only: finite differences across relu's kink are not a gradient check. The
+# float32 step eps=1e-3: at 1e-2 the central difference's truncation error passed the 2 % tolerance
+# on a LayerNorm of 5 columns in 1 of 300 seeds (seed 1336615637 failed CI); 1e-3 passed 300 seeds
+# of each case, its rounding error still far inside the tolerance.
 @pytest.mark.parametrize("norm,activation", [("rmsnorm", "swiglu"), ("layernorm", "gelu"), (None, "silu")])
 def test_check_grads(rng, norm, activation):
     sizes, a = mlp_inputs(rng, groups=3, rows=9, hidden=5, ffn=4, activation=activation, norm=norm, kind="zeros")
     gs = jnp.asarray(sizes)
     f = lambda x, w1, w2: te_async.grouped_mlp(x, gs, w1, w2, norm_scale=a["norm_scale"], norm_bias=a["norm_bias"], norm=norm, activation=activation)
-    check_grads(f, (a["x"], a["w_fc1"], a["w_fc2"]), order=1, modes=["rev"], atol=2e-2, rtol=2e-2, eps=1e-2)
+    check_grads(f, (a["x"], a["w_fc1"], a["w_fc2"]), order=1, modes=["rev"], atol=2e-2, rtol=2e-2, eps=1e-3)
 
 
 def test_scan_over_layers_forward_and_backward(rng):
