@@ -45,7 +45,8 @@ def mla_decode_attention(q_nope: jax.Array, q_pe: jax.Array, w_kv: jax.Array, ck
     [B, T, H, dv] in q_nope's dtype.
 
     q_nope [B, T, H, dn] and q_pe [B, T, H, dr] (rotated) at positions position .. position + T - 1;
-    w_kv, kv_b_proj as [latent, H, dn + dv]; ckv [L, B, N, latent] (normalised latents) and kpe
+    w_kv, kv_b_proj's weight as [H, dn + dv, latent] (transformers' [H * (dn + dv), latent], reshaped:
+    te_async.models.mla says why); ckv [L, B, N, latent] (normalised latents) and kpe
     [L, B, N, dr] (rotated rope keys). Query t sees keys j <= position + t (and j > position + t -
     window). kernel: None (the TE_ASYNC_MLA_DECODE setting), "auto", "te_async" or "unfused" (see
     the module's docstring for which "auto" takes). The kernel has no gradient: differentiate
@@ -70,10 +71,12 @@ def mla_decode_unfused(q_nope, q_pe, w_kv, ckv, kpe, position, layer, *, scale: 
     """mla_decode_attention as an einsum, decode_attention (kernel=`attention`) over the latent
     cache, and a second einsum; the latent query and output rounded to q_nope's dtype."""
     f32, dtype, nope = jnp.float32, q_nope.dtype, q_nope.shape[-1]
-    q_latent = jnp.einsum("bshd,rhd->bshr", q_nope, w_kv[..., :nope], preferred_element_type=f32).astype(dtype)
+    # (w_kv first: XLA's CPU runtime refuses the bf16 product with q_nope first, "Unsupported element type
+    # for DotThunk::Execute: BF16 x BF16 = F32", jax 0.10.2)
+    q_latent = jnp.einsum("hdr,bshd->bshr", w_kv[:, :nope], q_nope, preferred_element_type=f32).astype(dtype)
     out_latent = decode_attention(q_latent, ckv[..., None, :], None, position, scale=scale, layer=layer, q_rope=q_pe,
                                   key_rope=kpe[..., None, :], window=window, kernel=attention)
-    return jnp.einsum("bshr,rhd->bshd", out_latent, w_kv[..., nope:], preferred_element_type=f32).astype(dtype)
+    return jnp.einsum("bshr,hdr->bshd", out_latent, w_kv[:, nope:], preferred_element_type=f32).astype(dtype)
 
 
 def kernel_applies(q_nope, q_pe, w_kv, ckv, kpe) -> bool:
@@ -84,7 +87,7 @@ def kernel_applies(q_nope, q_pe, w_kv, ckv, kpe) -> bool:
         return False
     dn, dr, latent, dv = module.MLA_DECODE_DIMS
     return (all(x.dtype == jnp.bfloat16 for x in (q_nope, q_pe, w_kv, ckv, kpe))
-            and (q_nope.shape[-1], q_pe.shape[-1], ckv.shape[-1], w_kv.shape[-1] - q_nope.shape[-1]) == (dn, dr, latent, dv)
+            and (q_nope.shape[-1], q_pe.shape[-1], ckv.shape[-1], w_kv.shape[1] - q_nope.shape[-1]) == (dn, dr, latent, dv)
             and all(cc >= 90 for cc, _ in plan.local_gpu_kinds()))
 
 
@@ -100,9 +103,11 @@ def split_capacity(tokens: int, heads: int) -> int:
 
 def _kernel(q_nope, q_pe, w_kv, ckv, kpe, position, layer, *, scale, window, cluster: int = 0, splits: int = 0):
     """The FFI call; cluster: blocks per thread-block cluster, 8 or 16, and splits: clusters per
-    head group (0: the kernel chooses each)."""
+    head group (0: the kernel chooses each). The kernel reads kv_b_proj as [latent, H, dn + dv], a
+    transposed copy made by XLA here (4 MB a layer at DeepSeek-V2-Lite's shapes)."""
     b, t, h, _ = q_nope.shape
-    dv, latent = w_kv.shape[-1] - q_nope.shape[-1], ckv.shape[-1]
+    dv, latent = w_kv.shape[1] - q_nope.shape[-1], ckv.shape[-1]
+    w_kv = jnp.transpose(w_kv, (2, 0, 1))
     capacity = splits or split_capacity(b * t, h)
     out, _ = jax.ffi.ffi_call(MLA_DECODE, (jax.ShapeDtypeStruct((b, t, h, dv), q_nope.dtype),
                                            jax.ShapeDtypeStruct((capacity, b * t * h, latent + 2), jnp.float32)))(
@@ -115,13 +120,13 @@ def _check(q_nope, q_pe, w_kv, ckv, kpe, kernel) -> None:
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
     if q_nope.ndim != 4 or q_pe.ndim != 4 or w_kv.ndim != 3 or ckv.ndim != 4 or kpe.ndim != 4:
-        raise ValueError(f"q_nope and q_pe must be [B, T, H, d], w_kv [latent, H, dn + dv], ckv and kpe [L, B, N, d]; got "
+        raise ValueError(f"q_nope and q_pe must be [B, T, H, d], w_kv [H, dn + dv, latent], ckv and kpe [L, B, N, d]; got "
                          f"{q_nope.shape}, {q_pe.shape}, {w_kv.shape}, {ckv.shape}, {kpe.shape}")
     b, t, h, dn = q_nope.shape
     if q_pe.shape[:3] != (b, t, h):
         raise ValueError(f"q_pe {q_pe.shape} must be [B, T, H, dr] like q_nope {q_nope.shape}")
-    if w_kv.shape[:2] != (ckv.shape[-1], h) or w_kv.shape[-1] <= dn:
-        raise ValueError(f"w_kv {w_kv.shape} must be [latent, H, dn + dv] for ckv {ckv.shape} and q_nope {q_nope.shape}")
+    if w_kv.shape[0] != h or w_kv.shape[2] != ckv.shape[-1] or w_kv.shape[1] <= dn:
+        raise ValueError(f"w_kv {w_kv.shape} must be [H, dn + dv, latent] for ckv {ckv.shape} and q_nope {q_nope.shape}")
     if ckv.shape[1] != b or kpe.shape[:3] != ckv.shape[:3] or kpe.shape[-1] != q_pe.shape[-1]:
         raise ValueError(f"ckv {ckv.shape} and kpe {kpe.shape} must be [L, B, N, latent] and [L, B, N, dr] for q_nope "
                          f"{q_nope.shape} and q_pe {q_pe.shape}")

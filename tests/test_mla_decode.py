@@ -25,11 +25,11 @@ def numpy_mla(q_nope, q_pe, w_kv, ckv, kpe, position, layer, scale, window):
     b, t, h, nope = q_nope.shape
     c, k_pe = ckv[layer], kpe[layer]  # [B, N, latent], [B, N, rope]
     n = c.shape[1]
-    out = np.zeros((b, t, h, w_kv.shape[-1] - nope))
+    out = np.zeros((b, t, h, w_kv.shape[1] - nope))
     j = np.arange(n)
     for head in range(h):
-        keys = np.einsum("bnr,rd->bnd", c, w_kv[:, head, :nope])
-        values = np.einsum("bnr,rd->bnd", c, w_kv[:, head, nope:])
+        keys = np.einsum("bnr,dr->bnd", c, w_kv[head, :nope])
+        values = np.einsum("bnr,dr->bnd", c, w_kv[head, nope:])
         s = np.einsum("btd,bnd->btn", q_nope[:, :, head], keys) + np.einsum("btd,bnd->btn", q_pe[:, :, head], k_pe)
         for i in range(t):
             seen = (j <= position + i) & ((j > position + i - window) if window else True)
@@ -44,7 +44,7 @@ def make(rng, nope, rope, latent, value, batch=2, tokens=1, heads=16, max_len=70
     """Random (q_nope, q_pe, w_kv, ckv, kpe), scaled so that the scores spread over a few units."""
     x = lambda scale, *shape: jnp.asarray(scale * rng.standard_normal(shape), dtype)
     return (x(1.0, batch, tokens, heads, nope), x(1.0, batch, tokens, heads, rope),
-            x(0.05 * (128 / nope) ** 0.5, latent, heads, nope + value), x(1.0, layers, batch, max_len, latent),
+            x(0.05 * (128 / nope) ** 0.5, heads, nope + value, latent), x(1.0, layers, batch, max_len, latent),
             x(1.0, layers, batch, max_len, rope))
 
 

@@ -442,7 +442,8 @@ def hf_tensors(params, config, fused):
                     out[f"{pre}self_attn.{projections[name]}.weight"] = t(v[:, lo:hi])
                 continue
             name = names[k]
-            out[f"{pre}self_attn.{name}" + ("" if "." in name else ".weight")] = v if "." in name else t(v)
+            as_stored = "." in name or k in models.params.OUT_IN_LEAVES
+            out[f"{pre}self_attn.{name}" + ("" if "." in name else ".weight")] = v if as_stored else t(v)
         if "mlp" in layer:
             out.update(mlp(pre + "mlp.", layer["mlp"]))
             continue

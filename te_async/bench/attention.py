@@ -56,7 +56,7 @@ def mla_operands(shape: dict, batch: int, context: int, layers: int, key) -> tup
     k = iter(jax.random.split(key, 5))
     x = lambda scale, *s: scale * jax.random.normal(next(k), s, jnp.bfloat16)
     h, nope, dr, latent = shape["heads"], shape["nope"], shape["dr"], shape["dk"]
-    return (x(1, batch, 1, h, nope), x(1, batch, 1, h, dr), x(0.05, latent, h, nope + shape["value"]),
+    return (x(1, batch, 1, h, nope), x(1, batch, 1, h, dr), x(0.05, h, nope + shape["value"], latent),
             x(1, layers, batch, context, latent), x(1, layers, batch, context, dr))
 
 

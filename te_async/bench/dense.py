@@ -39,7 +39,8 @@ def gemms(config) -> dict:
     """{name: (K, N, transpose_w)} of one MoE layer's dense GEMMs and the LM head, from param_shapes."""
     shapes = models.param_shapes(config)
     run = next(r for r in shapes["layers"] if "moe" in r)
-    out = {f"attn.{k}": (*s.shape[1:], False) for k, s in run["attn"].items() if len(s.shape) == 3}
+    out = {f"attn.{k}": (*s.shape[1:], False) if k not in models.params.OUT_IN_LEAVES else (*s.shape[:0:-1], True)
+           for k, s in run["attn"].items() if len(s.shape) == 3}
     out["router"] = (*run["moe"]["router"].shape[1:], False)
     for k, s in run["moe"].get("shared", {}).items():
         out[f"shared.{k}"] = (*s.shape[1:], False)

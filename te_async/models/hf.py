@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .config import DEEPSEEK_TYPES, read_config
-from .params import ROUTER_DTYPE, ROUTER_LEAVES, input_projections, layer_runs, param_shapes, per_layer
+from .params import OUT_IN_LEAVES, ROUTER_DTYPE, ROUTER_LEAVES, input_projections, layer_runs, param_shapes, per_layer
 
 # Buffers some checkpoints carry that are derived, not learned.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -132,11 +132,11 @@ _ATTENTION = {"wo": "o_proj.weight", "bo": "o_proj.bias", "q_norm": "q_norm.weig
 
 def _attention(ckpt: _Checkpoint, prefix: str, config, shapes: dict) -> dict:
     """w_in from the input projections' Linear weights, side by side; the other Linear weights
-    ("w*") transposed; biases and norm weights as they are."""
+    ("w*") transposed but those of OUT_IN_LEAVES; biases and norm weights as they are."""
     hidden = shapes["w_in"][0]
     out = {"w_in": np.concatenate([_linear(ckpt, f"{prefix}{_INPUT_PROJECTIONS[name]}.weight", (hidden, width))
                                    for name, width in input_projections(config).items()], axis=1)}
-    out.update({key: _linear(ckpt, prefix + _ATTENTION[key], shape) if key.startswith("w")
+    out.update({key: _linear(ckpt, prefix + _ATTENTION[key], shape) if key.startswith("w") and key not in OUT_IN_LEAVES
                 else ckpt.get(prefix + _ATTENTION[key], shape) for key, shape in shapes.items() if key != "w_in"})
     return out
 

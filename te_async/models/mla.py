@@ -15,6 +15,11 @@ expands the cache: kv_b_proj is absorbed into the query and the output (q_nope .
 by kv_b_proj once per new token instead of once per cached token (te_async.mla_decode; its
 one-kernel form only with TE_ASYNC_MLA_DECODE=te_async). A whole sequence (forward, prefill)
 takes the expanded path, as transformers does, which costs fewer FLOPs there.
+
+kv_b_proj's weight is kept as transformers stores it, [heads * (nope + v), latent]: head-major, the
+layout in which XLA's per-head products of the absorbed decode read it in place. Stored [latent,
+heads * (nope + v)], XLA transposed every layer's copy before each decode step's scan (DeepSeek-
+V2-Lite: 109 MB, a 57 us kernel per step; docs/benchmarks.md).
 """
 
 from typing import Optional
@@ -59,10 +64,10 @@ def mla_attention(p: dict, cfg, x: jax.Array, cos: jax.Array, sin: jax.Array, ca
     ckv = proj["kv_a"]
     c = rms_norm(ckv[..., :cfg.kv_lora_rank], p["kv_a_norm"], LATENT_NORM_EPS)
     k_pe = _rope(ckv[..., None, cfg.kv_lora_rank:], cos, sin, cfg.rope_interleave)[:, :, 0]  # [B, S, rope_dim]
-    w_kv = p["wkv_b"].reshape(cfg.kv_lora_rank, heads, nope + vdim)
+    w_kv = p["wkv_b"].reshape(heads, nope + vdim, cfg.kv_lora_rank)
     scale = softmax_scale(cfg)
     if position is None:
-        kv = jnp.einsum("bsr,rhd->bshd", c, w_kv, preferred_element_type=jnp.float32).astype(x.dtype)
+        kv = jnp.einsum("bsr,hdr->bshd", c, w_kv, preferred_element_type=jnp.float32).astype(x.dtype)
         k = jnp.concatenate([kv[..., :nope], jnp.broadcast_to(k_pe[:, :, None], (b, s, heads, rope_dim))], axis=-1)
         pos = jnp.arange(s, dtype=jnp.int32)
         out = attend(jnp.concatenate([q_nope, q_pe], axis=-1), k, kv[..., nope:], causal_mask(pos, pos, window), scale)

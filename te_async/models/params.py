@@ -7,7 +7,8 @@ A run (layer_runs) is a maximal run of consecutive decoder layers of one structu
 one attention window); its dict holds the per-layer leaves stacked on a leading layer axis, so
 that the decoder runs it as one jax.lax.scan (DeepSeek-V2-Lite: a run of 1 dense layer, then one
 of 26 MoE layers). per_layer(params["layers"]) gives the per-layer dicts (views of the stacks),
-stack_layers the reverse. Linear weights are [in, out]. The attention's projections of its normed
+stack_layers the reverse. Linear weights are [in, out], but those of OUT_IN_LEAVES: MLA's "wkv_b"
+is kept [out, in] as transformers stores it (te_async.models.mla says why). The attention's projections of its normed
 input (q, k, v; MLA's q or q_a, and kv_a) are one weight "w_in", their columns side by side in
 input_projections' order, so that one GEMM reads them (their biases stay apart: "b" + the
 projection's name). The routed experts are "w_fc1" [E,H,2F] as [gate | up] and "w_fc2"
@@ -23,6 +24,7 @@ import jax.numpy as jnp
 
 ROUTER_DTYPE = jnp.float32
 ROUTER_LEAVES = ("router", "router_bias")  # kept in ROUTER_DTYPE
+OUT_IN_LEAVES = ("wkv_b",)  # Linear weights kept [out, in]
 
 
 def input_projections(c) -> dict:
@@ -46,7 +48,7 @@ def _attention_shapes(c) -> dict:
         heads, qk = c.num_attention_heads, c.qk_nope_head_dim + c.qk_rope_head_dim
         if c.q_lora_rank is not None:
             s.update(q_a_norm=(c.q_lora_rank,), wq_b=(c.q_lora_rank, heads * qk))
-        s.update(kv_a_norm=(c.kv_lora_rank,), wkv_b=(c.kv_lora_rank, heads * (c.qk_nope_head_dim + c.v_head_dim)),
+        s.update(kv_a_norm=(c.kv_lora_rank,), wkv_b=(heads * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank),
                  wo=(heads * c.v_head_dim, h))
     else:
         s["wo"] = (c.num_attention_heads * c.head_dim, h)
