@@ -17,7 +17,9 @@ from te_async.bench import generate, presets
 
 from helpers import fake_gpu_trace
 
-BATCHES, CONTEXT, PROMPT, STEPS, CHECK = (1, 3), 40, 16, 3, 3
+# PROMPT 12: after 16 prompt tokens the tiny model's random weights (drawn since wkv_b is kept [out, in]) emit one
+# token over and over in row 0, which would leave the check that all modes emit the same tokens nothing to compare.
+BATCHES, CONTEXT, PROMPT, STEPS, CHECK = (1, 3), 40, 12, 3, 3
 CPU = jax.default_backend() == "cpu"
 
 
@@ -53,6 +55,8 @@ def test_timing_fields(result):
     for r in result[0]["results"]:
         assert r["steps"] == STEPS and 0 < r["min_ms"] <= r["p50_ms"] <= r["p99_ms"]
         assert r["tokens_per_s"] == pytest.approx(1e3 * r["batch"] / r["p50_ms"])
+        assert r["generate_loop_ms"] > 0  # models.generate's loop, back to back
+        assert r["generate_loop_tokens_per_s"] == pytest.approx(1e3 * r["batch"] / r["generate_loop_ms"])
         assert r["ratio_to_floor"] == pytest.approx(r["p50_ms"] / r["floor_ms"])
         assert r["busy_us"] is None and r["idle_fraction"] is None  # not profiled
     config = result[0]["config"]
@@ -96,7 +100,7 @@ def test_table_has_every_mode_and_batch(result):
     assert [int(line.split("|")[1]) for line in rows] == list(BATCHES)
     for line in rows:
         cells = [c.strip() for c in line.split("|")[3:-1]]
-        assert len(cells) == len(generate.MODES) and all("tok/s" in c for c in cells), line
+        assert len(cells) == len(generate.MODES) and all("tok/s" in c and "generate's loop" in c for c in cells), line
 
 
 def test_cache_holds_the_prompt_then_random_entries_of_its_scale(result):
