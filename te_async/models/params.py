@@ -7,12 +7,12 @@ A run (layer_runs) is a maximal run of consecutive decoder layers of one structu
 one attention window); its dict holds the per-layer leaves stacked on a leading layer axis, so
 that the decoder runs it as one jax.lax.scan (DeepSeek-V2-Lite: a run of 1 dense layer, then one
 of 26 MoE layers). per_layer(params["layers"]) gives the per-layer dicts (views of the stacks),
-stack_layers the reverse. Linear weights are [in, out], but those of OUT_IN_LEAVES: MLA's "wkv_b"
-is kept [out, in] as transformers stores it (te_async.models.mla says why). The attention's projections of its normed
-input (q, k, v; MLA's q or q_a, and kv_a) are one weight "w_in", their columns side by side in
-input_projections' order, so that one GEMM reads them (their biases stay apart: "b" + the
-projection's name). The routed experts are "w_fc1" [E,H,2F] as [gate | up] and "w_fc2"
-[E,F,H], grouped_mlp's layout. Routers ("router" [H,E], and DeepSeek-V3's correction bias
+stack_layers the reverse. Linear weights are [in, out], but those of OUT_IN_LEAVES: MLA's
+"wkv_b" is kept [out, in] as transformers stores it (te_async.models.mla says why). The
+attention's projections of its normed input (q, k, v; MLA's q or q_a, and kv_a) are one weight
+"w_in", their columns side by side in input_projections' order, so that one GEMM reads them
+(their biases stay apart: "b" + the projection's name). The routed experts are "w_fc1" [E,H,2F]
+as [gate | up] and "w_fc2" [E,F,H], grouped_mlp's layout. Routers ("router" [H,E], and DeepSeek-V3's correction bias
 "router_bias" [E]) are float32 whatever the model's dtype: routing decisions are sensitive, and
 DeepSeek keeps its gate in float32 (transformers' _keep_in_fp32_modules).
 """
