@@ -63,8 +63,7 @@ def main():
             else:
                 step = functools.partial(_greedy_step, params, config, group_sizes_mode=args.mode, experts="te_async",
                                          unroll=loop == "generate_unrolled")
-                tokens = jnp.zeros((batch, WARMUP + args.steps + 1), jnp.int32).at[:, :1].set(greedy_tokens(logits))
-                state = _GreedyState(cache, tokens, jnp.asarray(1, jnp.int32), jnp.asarray(start, jnp.int32))
+                state = _GreedyState.first(cache, greedy_tokens(logits), start, WARMUP + args.steps + 1)
             del cache
             t = time_loop(step, state, args.steps)
             row[f"{loop}_p50_ms"], row[f"{loop}_min_ms"] = float(np.median(t)), float(min(t))

@@ -236,12 +236,8 @@ def time_generate_loop(params, config, mode: str, cache, first: jax.Array, start
     """(seconds per token, cache) of `steps` steps of models.generate's loop from position `start`
     (the module docstring): one step to compile, then steps - 1 dispatched back to back and blocked
     on once."""
-    batch = first.shape[0]
-    step = functools.partial(_greedy_step, params, config, **MODES[mode], unroll=unrolls(batch, **MODES[mode]))
-    tokens = jnp.zeros((batch, steps + 1), jnp.int32).at[:, :1].set(first)
-    # The state is donated: a start of its own, not the caller's position array.
-    state = _GreedyState(cache, tokens, jnp.asarray(1, jnp.int32), jnp.asarray(int(start), jnp.int32))
-    state = jax.block_until_ready(step(state))
+    step = functools.partial(_greedy_step, params, config, **MODES[mode], unroll=unrolls(first.shape[0], **MODES[mode]))
+    state = jax.block_until_ready(step(_GreedyState.first(cache, first, start, steps + 1)))
     t0 = time.perf_counter()
     for _ in range(steps - 1):
         state = step(state)

@@ -191,6 +191,14 @@ class _GreedyState(NamedTuple):
     count: jax.Array  # int32 scalar, >= 1
     start: jax.Array  # int32 scalar: the cache position of tokens[:, 0]
 
+    @classmethod
+    def first(cls, cache: list, token: jax.Array, position, width: int) -> "_GreedyState":
+        """The state holding one token [B, 1], the next step's input at cache `position`, with room
+        for `width` tokens (width - 1 steps). The scalars are arrays of its own (jnp.array copies),
+        since every step donates them: a caller's position array would be deleted by the first."""
+        tokens = jnp.zeros((token.shape[0], width), jnp.int32).at[:, :1].set(token)
+        return cls(cache, tokens, jnp.array(1, jnp.int32), jnp.array(position, jnp.int32))
+
 
 @functools.partial(jax.jit, static_argnames=_STATIC + ("unroll",), donate_argnames=("state",))
 def _greedy_step(params, config, state: _GreedyState, group_sizes_mode, experts, unroll=False) -> _GreedyState:
@@ -279,8 +287,7 @@ def generate(params, config: Config, prompt, max_new_tokens: int, *, group_sizes
     cache = init_cache(config, batch, max_len, params["embed"].dtype)
     modes = dict(group_sizes_mode=group_sizes_mode, experts=experts)
     logits, cache = prefill(params, config, cache, prompt, **modes)
-    tokens = jnp.zeros((batch, max_new_tokens), jnp.int32).at[:, :1].set(greedy_tokens(logits))
-    state = _GreedyState(cache, tokens, jnp.asarray(1, jnp.int32), jnp.asarray(length, jnp.int32))
+    state = _GreedyState.first(cache, greedy_tokens(logits), length, max_new_tokens)
     unroll = unrolls(batch, group_sizes_mode, experts) if unroll_layers is None else unroll_layers
     for _ in range(max_new_tokens - 1):
         state = _greedy_step(params, config, state, group_sizes_mode, experts, unroll)
