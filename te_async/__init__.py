@@ -6,7 +6,7 @@ Path of a call: mlp.py (grouped_mlp) -> gemm.py (grouped_gemm) -> csrc/.
 
 from ._ffi import MAX_GROUPS, cuda_extension_built, host_size_stats, size_errors
 from .gemm import grouped_gemm
-from .group_sizes import GROUP_SIZES_MODES, HostGroupSizes, copy_group_sizes, reuse_group_sizes
+from .group_sizes import GROUP_SIZES_MODES, HostGroupSizes, copy_group_sizes, keep_group_sizes, reuse_group_sizes
 from .expert_parallel import moe_block_ep
 from .mlp import grouped_mlp
 from .ragged import ragged_dot
@@ -22,6 +22,7 @@ __all__ = [
     "grouped_gemm",
     "grouped_mlp",
     "host_size_stats",
+    "keep_group_sizes",
     "models",
     "moe_block_ep",
     "plan",

@@ -31,6 +31,7 @@ DENSE_MMA_MAX_ROWS: int = _te_async_cpu.DENSE_MMA_MAX_ROWS
 kernel_rule = _te_async_cpu.kernel_rule
 
 COPY_GROUP_SIZES = "te_async_copy_group_sizes"
+KEEP_GROUP_SIZES = "te_async_keep_group_sizes"
 REUSE_GROUP_SIZES = "te_async_reuse_group_sizes"
 GROUPED_GEMM = "te_async_grouped_gemm"
 GROUPED_GEMM_DEVICE = "te_async_grouped_gemm_device"
@@ -73,13 +74,15 @@ def host_size_stats(device: int = 0) -> dict:
     copies: device-to-host copies issued (copy_group_sizes calls and reuse misses); event_waits:
     GEMMs served from a pinned slot; sync_reads: GEMMs in sync mode; fallback_reads: async GEMMs
     whose slot was gone, read synchronously; reused: backward passes served by their forward's copy
-    (reuse_group_sizes); reuse_misses: backward passes that issued a fresh copy instead;
+    (reuse_group_sizes); reused_by_order: of those, the ones found as the newest unclaimed forward
+    copy (a scan's stacked handles), not by address; reuse_misses: backward passes that issued a
+    fresh copy instead;
     repaired_reads: async GEMMs whose pinned sizes the GPU found stale and recomputed (a device
     counter: read after the step, it costs a synchronous copy).
     """
     if not gpu_present():
-        return dict.fromkeys(("copies", "event_waits", "sync_reads", "fallback_reads", "reused", "reuse_misses",
-                              "repaired_reads"), 0)
+        return dict.fromkeys(("copies", "event_waits", "sync_reads", "fallback_reads", "reused", "reused_by_order",
+                              "reuse_misses", "repaired_reads"), 0)
     stats = dict(_te_async_cuda.host_size_stats(device))
     stats["repaired_reads"] = _te_async_cuda.device_counters(device)["repaired_reads"]
     return stats

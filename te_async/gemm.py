@@ -15,8 +15,8 @@ import jax.numpy as jnp
 
 from . import _ffi, plan
 from .sharding import require_replicated
-from .group_sizes import (HostGroupSizes, async_handle, check_group_sizes, host_sizes_operand, resolve_group_sizes_mode,
-                          reuse_group_sizes)
+from .group_sizes import (HostGroupSizes, async_handle, check_group_sizes, host_sizes_operand, keep_group_sizes,
+                          resolve_group_sizes_mode, reuse_group_sizes)
 
 GEMM_DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32)
 logger = logging.getLogger("te_async")
@@ -118,7 +118,7 @@ def outside_slice_fusion(out: jax.Array) -> jax.Array:
 def _differentiable_fwd(call: _Call, lhs, rhs, group_sizes, host_group_sizes):
     handle = async_handle(group_sizes, call.mode, host_group_sizes)
     out = _differentiable(call, lhs, rhs, group_sizes, handle)
-    return outside_slice_fusion(out), (lhs, rhs, group_sizes, handle)
+    return outside_slice_fusion(out), (lhs, rhs, group_sizes, keep_group_sizes(handle))
 
 
 def _differentiable_bwd(call: _Call, residuals, dout):

@@ -8,6 +8,7 @@ against the handle (csrc/cuda/host_sizes_guard.h). Mode "device", the default wh
 kernels, never copies: its kernels read the sizes on the GPU, so the call can sit inside a CUDA graph.
 """
 
+import itertools
 from typing import Callable, NamedTuple, Optional
 
 import jax
@@ -58,24 +59,40 @@ def copy_group_sizes(group_sizes: jax.Array) -> HostGroupSizes:
     return HostGroupSizes(snapshot)
 
 
-def reuse_group_sizes(handle: HostGroupSizes) -> HostGroupSizes:
-    """The handle of a backward pass, made from its forward's `handle` (kept as a residual): where
-    the forward's pinned slot still holds its copy, the new handle is filed under that slot and
-    nothing is copied (the backward's GEMMs wait on an event that fired long ago;
-    host_size_stats()["reused"]); where the slot has been recycled (64 copies later), the handle
-    reaches the backward at an address of its own (a slice of a scan's stacked residuals) or its
-    filing served a reuse already, it issues a fresh copy (["reuse_misses"]). A wrong guess
-    cannot give a wrong result: the GEMMs check pinned sizes on the GPU (repaired_reads).
+_keep_ids = itertools.count()
+
+
+def keep_group_sizes(handle: Optional[HostGroupSizes]) -> Optional[HostGroupSizes]:
+    """A forward's `handle` as the residual its backward passes to reuse_group_sizes (None stays
+    None): a copy of the handle, filed under the same pinned slot for one reuse. Each call is
+    distinct to XLA (an id attribute), so that two layers sharing one copy keep it twice."""
+    if handle is None:
+        return None
+    return HostGroupSizes(_handle_call(_ffi.KEEP_GROUP_SIZES, "keep_group_sizes", handle, id=next(_keep_ids)))
+
+
+def reuse_group_sizes(kept: HostGroupSizes) -> HostGroupSizes:
+    """The handle of a backward pass, made from the residual its forward kept (keep_group_sizes):
+    where the forward's pinned slot still holds its copy, the new handle is filed under that slot
+    and nothing is copied (the backward's GEMMs wait on an event that fired long ago;
+    host_size_stats()["reused"]). The residual is found by its address, or, where it reaches the
+    backward at an address of its own (a slice of a scan's stacked residuals), as the newest kept
+    copy of the same execution that no backward took: a backward runs the layers last to first,
+    so that is the layer's own (["reused_by_order"]). Where the slot has been recycled (64 copies
+    later) or the forward ran in another execution, it issues a fresh copy (["reuse_misses"]). A
+    wrong guess cannot give a wrong result: the GEMMs check pinned sizes on the GPU
+    (repaired_reads).
     """
+    return HostGroupSizes(_handle_call(_ffi.REUSE_GROUP_SIZES, "reuse_group_sizes", kept))
+
+
+def _handle_call(target: str, name: str, handle: HostGroupSizes, **attrs) -> jax.Array:
+    """The FFI call `target` on a handle: a new int32 [G] snapshot of the same sizes."""
     if not isinstance(handle, HostGroupSizes):
-        raise TypeError(f"reuse_group_sizes takes a handle from copy_group_sizes, got {type(handle).__name__}")
+        raise TypeError(f"{name} takes a handle from copy_group_sizes, got {type(handle).__name__}")
     check_group_sizes(handle.device_sizes)
-    snapshot = jax.ffi.ffi_call(
-        _ffi.REUSE_GROUP_SIZES,
-        jax.ShapeDtypeStruct(handle.device_sizes.shape, jnp.int32),
-        vmap_method="sequential",
-    )(handle.device_sizes)
-    return HostGroupSizes(snapshot)
+    return jax.ffi.ffi_call(target, jax.ShapeDtypeStruct(handle.device_sizes.shape, jnp.int32),
+                            vmap_method="sequential")(handle.device_sizes, **attrs)
 
 
 def resolve_group_sizes_mode(

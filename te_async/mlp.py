@@ -9,11 +9,12 @@ six GEMMs read group_sizes on the GPU, so the whole layer can live in one CUDA g
 Copies and host waits per layer in async mode:
   forward:  1 copy_group_sizes (0 when the caller passes host_group_sizes), 2 GEMMs that each
             wait on that copy's event; 0 stream synchronisations.
-  backward: 0 copies where the forward's pinned slot still holds its copy (reuse_group_sizes:
-            the handle is a residual; host_size_stats()["reused"]), else 1 fresh copy
-            (["reuse_misses"]: the slot was recycled, or a scan's stacked residuals moved the
-            handle); 4 GEMMs (dgrad and wgrad of fc2 and fc1) that wait on that event; 0 stream
-            synchronisations.
+  backward: 0 copies where the forward's pinned slot still holds its copy (keep_group_sizes
+            makes the handle a residual, reuse_group_sizes finds it by its address or, under
+            lax.scan, by the layers' order; host_size_stats()["reused"]), else 1 fresh copy
+            (["reuse_misses"]: the slot was recycled, or the backward runs in another
+            execution); 4 GEMMs (dgrad and wgrad of fc2 and fc1) that wait on that event; 0
+            stream synchronisations.
 Sync mode instead does 2 (forward) and 4 (backward) D2H copies, each with a
 cudaStreamSynchronize. Under jax.checkpoint the forward runs again in the backward pass, with
 its own copy, which the backward then reuses.
@@ -37,7 +38,8 @@ import jax.numpy as jnp
 
 from . import plan
 from .gemm import grouped_gemm, outside_slice_fusion, vjp_shapes
-from .group_sizes import HostGroupSizes, async_handle, check_group_sizes, resolve_group_sizes_mode, reuse_group_sizes
+from .group_sizes import (HostGroupSizes, async_handle, check_group_sizes, keep_group_sizes, resolve_group_sizes_mode,
+                          reuse_group_sizes)
 from .sharding import check_unsharded
 
 logger = logging.getLogger("te_async")
@@ -135,7 +137,7 @@ def _fwd(cfg: _Config, x, group_sizes, w_fc1, w_fc2, norm_scale, norm_bias, hand
     xn = normalize(x, norm_scale, norm_bias, cfg.norm, cfg.eps)
     h = outside_slice_fusion(_gemm(cfg, handle, xn, w_fc1, group_sizes))  # a residual: see outside_slice_fusion
     y = _gemm(cfg, handle, activate(h, cfg.activation), w_fc2, group_sizes)
-    return y, (x, group_sizes, w_fc1, w_fc2, norm_scale, norm_bias, h, handle)
+    return y, (x, group_sizes, w_fc1, w_fc2, norm_scale, norm_bias, h, keep_group_sizes(handle))
 
 
 def _bwd(cfg: _Config, residuals, dy):

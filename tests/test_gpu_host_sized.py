@@ -88,7 +88,7 @@ def test_26_layer_scan_reads_no_stale_slot(rng):
     assert rel_error(out, ref) < 1e-4
     delta = {k: after[k] - before[k] for k in after}
     assert delta == {"copies": layers, "event_waits": 2 * layers, "sync_reads": 0, "fallback_reads": 0,
-                     "reused": 0, "reuse_misses": 0, "repaired_reads": 0}, delta
+                     "reused": 0, "reused_by_order": 0, "reuse_misses": 0, "repaired_reads": 0}, delta
 
 
 def test_sync_mode_reads_once_per_gemm(rng):

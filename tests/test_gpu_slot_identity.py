@@ -117,8 +117,8 @@ def _mlp_layers(rng, layers: int):
     return sizes, x, w_fc1, w_fc2
 
 
-def _mlp_stack_grads(layer, sizes, x, w_fc1, w_fc2, scan: bool):
-    """Gradients of sum(y^2) through x + layer(x) per layer, unrolled or as a lax.scan."""
+def _stack_forward(layer, scan: bool):
+    """x + layer(x, sizes_i, w1_i, w2_i) per layer, unrolled or as a lax.scan."""
     def forward(a, s, w1, w2):
         if scan:
             return jax.lax.scan(lambda c, xs: (c + layer(c, *xs), None), a, (s, w1, w2))[0]
@@ -126,34 +126,120 @@ def _mlp_stack_grads(layer, sizes, x, w_fc1, w_fc2, scan: bool):
             a = a + layer(a, s[i], w1[i], w2[i])
         return a
 
+    return forward
+
+
+def _mlp_stack_grads(layer, sizes, x, w_fc1, w_fc2, scan: bool):
+    """Gradients of sum(y^2) through x + layer(x) per layer, unrolled or as a lax.scan."""
+    forward = _stack_forward(layer, scan)
     return jax.jit(jax.grad(lambda a, s, w1, w2: jnp.sum(forward(a, s, w1, w2) ** 2), argnums=(0, 2, 3)))
 
 
-@pytest.mark.parametrize("scan", [False, True], ids=["unrolled", "scan"])
-def test_backward_reuses_forward_copy(rng, scan):
-    """Each layer's backward takes its forward's copy (reuse_group_sizes) where that filing is
-    still its own: in an unrolled stack every layer's, so one copy per layer in all; under scan the
-    stacked handles reach the backward at new addresses, which get fresh copies (counted). Both
-    match float64, and under TE_ASYNC_VERIFY_HOST_SIZES=1 every pinned read is cross-checked."""
-    layers = 4
-    sizes, x, w_fc1, w_fc2 = _mlp_layers(rng, layers)
-    layer = lambda a, s, w1, w2: te_async.grouped_mlp(a, s, w1, w2, norm=None, group_sizes_mode="async")
-    grads, delta = run(f"backward reuse ({'scan' if scan else 'unrolled'})", _mlp_stack_grads(layer, sizes, x, w_fc1, w_fc2, scan),
-                       x, sizes, w_fc1, w_fc2)
-
+def _reference_stack_grads(sizes, x, w_fc1, w_fc2):
+    """float64 gradients of sum(y^2) through the same stack of grouped MLPs (no norm, swiglu)."""
     def ref_forward(a, w1, w2):
-        for i in range(layers):
+        for i in range(len(sizes)):
             a = a + mlp_reference(a, sizes[i], w1[i], w2[i], norm=None)
         return a
 
-    want = jax.grad(lambda a, w1, w2: jnp.sum(ref_forward(a, w1, w2) ** 2), argnums=(0, 1, 2))(x, w_fc1, w_fc2)
-    for got, expected in zip(grads, want):
+    return jax.grad(lambda a, w1, w2: jnp.sum(ref_forward(a, w1, w2) ** 2), argnums=(0, 1, 2))(x, w_fc1, w_fc2)
+
+
+def _async_mlp(a, s, w1, w2):
+    return te_async.grouped_mlp(a, s, w1, w2, norm=None, group_sizes_mode="async")
+
+
+def _two_gemm_mlp(a, s, w1, w2):
+    """A grouped MLP as two differentiated async grouped_gemm calls that share one copy of the
+    sizes, made right after routing as a MoE block makes it: each forward keeps it for its backward."""
+    handle = te_async.copy_group_sizes(s)
+    gemm = lambda lhs, rhs: te_async.grouped_gemm(lhs, rhs, s, group_sizes_mode="async", host_group_sizes=handle)
+    h = gemm(a, w1)
+    f = h.shape[-1] // 2
+    return gemm(jax.nn.silu(h[:, :f]) * h[:, f:], w2)
+
+
+@pytest.mark.parametrize("scan", [False, True], ids=["unrolled", "scan"])
+@pytest.mark.parametrize("remat", [False, True], ids=["saved", "remat"])
+def test_backward_reuses_forward_copy(rng, scan, remat):
+    """Each layer's backward takes its forward's copy (keep_group_sizes, reuse_group_sizes), so
+    an async training step copies the sizes once per layer: in an unrolled stack the kept handle
+    is found by its address; under scan the stacked residuals reach the backward at new addresses
+    and the newest kept copy is taken (reused_by_order). Under jax.checkpoint the backward runs
+    the forward again, with its own copy, which its backward reuses. Gradients match float64, and
+    under TE_ASYNC_VERIFY_HOST_SIZES=1 every pinned read is cross-checked, so a wrong guess fails."""
+    layers = 4
+    sizes, x, w_fc1, w_fc2 = _mlp_layers(rng, layers)
+    layer = jax.checkpoint(_async_mlp) if remat else _async_mlp
+    name = f"backward reuse ({'scan' if scan else 'unrolled'}, {'remat' if remat else 'saved'})"
+    grads, delta = run(name, _mlp_stack_grads(layer, sizes, x, w_fc1, w_fc2, scan), x, sizes, w_fc1, w_fc2)
+    for got, expected in zip(grads, _reference_stack_grads(sizes, x, w_fc1, w_fc2)):
         assert rel_error(got, expected) < 1e-4
-    assert delta["reused"] + delta["reuse_misses"] == layers
-    assert delta["copies"] == layers + delta["reuse_misses"]
+    assert delta["reused"] == layers and delta["reuse_misses"] == 0
+    assert delta["copies"] == (2 if remat else 1) * layers
     assert delta["fallback_reads"] == 0 and delta["repaired_reads"] == 0 and delta["sync_reads"] == 0
-    if not scan:  # (under scan XLA may run a forward GEMM once more for the backward's residuals)
-        assert delta["reused"] == layers and delta["event_waits"] == 6 * layers  # 2 forward, 2 dgrad, 2 wgrad
+    if not remat:  # (with remat XLA drops the recomputed forward's unused fc2)
+        assert delta["event_waits"] == 6 * layers  # 2 forward, 2 dgrad, 2 wgrad
+
+
+@pytest.mark.parametrize("scan", [False, True], ids=["unrolled", "scan"])
+def test_shared_copy_serves_both_backwards(rng, scan):
+    """One copy per layer feeds two differentiated grouped_gemm calls (fc1, fc2): each forward
+    keeps it (two keeps XLA must not merge), and both backwards reuse it: one copy per layer in
+    the whole step, none in the backward."""
+    layers = 4
+    sizes, x, w_fc1, w_fc2 = _mlp_layers(rng, layers)
+    grads, delta = run(f"shared copy ({'scan' if scan else 'unrolled'})",
+                       _mlp_stack_grads(_two_gemm_mlp, sizes, x, w_fc1, w_fc2, scan), x, sizes, w_fc1, w_fc2)
+    for got, expected in zip(grads, _reference_stack_grads(sizes, x, w_fc1, w_fc2)):
+        assert rel_error(got, expected) < 1e-4
+    assert delta["copies"] == layers and delta["reused"] == 2 * layers and delta["reuse_misses"] == 0
+    assert delta["fallback_reads"] == 0 and delta["repaired_reads"] == 0 and delta["sync_reads"] == 0
+
+
+_WRONG_ORDER_CHILD = """
+import json, jax, jax.numpy as jnp, numpy as np, te_async
+rng = np.random.default_rng(0)
+layers, groups, rows, k, n = 3, 8, 96, 32, 24
+sizes = [rng.multinomial(rows, np.ones(groups) / groups, size=layers).astype(np.int32) for _ in range(2)]
+x = [rng.standard_normal((rows, k)).astype(np.float32) for _ in range(2)]
+w1 = (rng.standard_normal((layers, groups, k, 2 * n)) / np.sqrt(4 * k)).astype(np.float32)
+w2 = (rng.standard_normal((layers, groups, n, k)) / np.sqrt(4 * n)).astype(np.float32)
+mlp = lambda a, s, u, v: te_async.grouped_mlp(a, s, u, v, norm=None, group_sizes_mode="async")
+stack = lambda a, s, u, v: jax.lax.scan(lambda c, xs: (c + mlp(c, *xs), None), a, (s, u, v))[0]
+
+def step(x0, x1, s0, s1, u, v):
+    # Two microbatches, both forwards before either backward, microbatch 0's backward first (as a
+    # pipeline schedule may run them): the newest kept copy is microbatch 1's, not 0's.
+    y0, pull0 = jax.vjp(lambda a, u, v: stack(a, s0, u, v), x0, u, v)
+    y1, pull1 = jax.vjp(lambda a, u, v: stack(a, s1, u, v), x1, u, v)
+    g0 = pull0(2 * y0 + 0.0 * jnp.sum(y1))
+    g1 = pull1(2 * y1 + 0.0 * jnp.sum(g0[0]))
+    return g0, g1
+
+grads = jax.jit(step)(x[0], x[1], sizes[0], sizes[1], w1, w2)
+out = dict(stats=te_async.host_size_stats(), grads=[[np.asarray(g, np.float64).tolist() for g in gs] for gs in grads],
+           sizes=[s.tolist() for s in sizes], x=[a.tolist() for a in x], w1=w1.tolist(), w2=w2.tolist())
+print("RESULT" + json.dumps(out))
+"""
+
+
+def test_wrong_order_guess_is_repaired():
+    """Interleaved microbatches under scan: a backward's order guess (the newest kept copy) can
+    be another microbatch's sizes. The GPU's check must redo those GEMMs, so the gradients stay
+    right (TE_ASYNC_VERIFY_HOST_SIZES off: it would fail the call on the first wrong guess)."""
+    env = dict(os.environ, TE_ASYNC_VERIFY_HOST_SIZES="0", XLA_PYTHON_CLIENT_PREALLOCATE="false")
+    proc = subprocess.run([sys.executable, "-P", "-c", _WRONG_ORDER_CHILD], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.split("RESULT", 1)[1])
+    print("wrong order", result["stats"])
+    w1, w2 = np.array(result["w1"]), np.array(result["w2"])
+    for grads, sizes, x in zip(result["grads"], result["sizes"], result["x"]):
+        want = _reference_stack_grads(np.array(sizes), np.array(x), w1, w2)
+        for got, expected in zip(grads, want):
+            assert rel_error(np.array(got), expected) < 1e-4
+    assert result["stats"]["reused"] + result["stats"]["reuse_misses"] == 6
 
 
 def test_reused_copy_past_the_ring(rng):

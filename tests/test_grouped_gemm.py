@@ -146,17 +146,29 @@ def test_too_many_groups():
         te_async.grouped_gemm(jnp.ones((4, 2)), jnp.ones((g, 2, 2)), jnp.zeros((g,), jnp.int32))
 
 
-def test_reuse_takes_a_handle_and_gives_its_sizes():
+@pytest.mark.parametrize("name", ["keep_group_sizes", "reuse_group_sizes"])
+def test_keep_and_reuse_take_a_handle_and_give_its_sizes(name):
+    call = getattr(te_async, name)
     sizes = jnp.array([3, 0, 5], jnp.int32)
-    reused = jax.jit(lambda s: te_async.reuse_group_sizes(te_async.copy_group_sizes(s)))(sizes)
-    assert isinstance(reused, te_async.HostGroupSizes)
-    np.testing.assert_array_equal(reused.device_sizes, sizes)
-    with pytest.raises(TypeError, match="handle from copy_group_sizes, got ArrayImpl"):
-        te_async.reuse_group_sizes(sizes)
+    out = jax.jit(lambda s: call(te_async.copy_group_sizes(s)))(sizes)
+    assert isinstance(out, te_async.HostGroupSizes)
+    np.testing.assert_array_equal(out.device_sizes, sizes)
+    with pytest.raises(TypeError, match=f"{name} takes a handle from copy_group_sizes, got ArrayImpl"):
+        call(sizes)
     with pytest.raises(TypeError, match="int32"):
-        te_async.reuse_group_sizes(te_async.HostGroupSizes(jnp.zeros((3,), jnp.float32)))
+        call(te_async.HostGroupSizes(jnp.zeros((3,), jnp.float32)))
     with pytest.raises(ValueError, match="too many groups"):
-        te_async.reuse_group_sizes(te_async.HostGroupSizes(jnp.zeros((te_async.MAX_GROUPS + 1,), jnp.int32)))
+        call(te_async.HostGroupSizes(jnp.zeros((te_async.MAX_GROUPS + 1,), jnp.int32)))
+
+
+def test_two_keeps_of_one_handle_stay_two():
+    """Each keep serves one backward, so XLA must not merge two keeps of one copy."""
+    def f(s):
+        handle = te_async.copy_group_sizes(s)
+        return te_async.keep_group_sizes(handle).device_sizes + te_async.keep_group_sizes(handle).device_sizes
+
+    text = jax.jit(f).lower(jnp.array([3, 0, 5], jnp.int32)).compile().as_text()
+    assert text.count('custom_call_target="te_async_keep_group_sizes"') == 2
 
 
 def test_handle_with_wrong_group_count():

@@ -170,8 +170,9 @@ def test_group_sizes_get_no_gradient(rng):
 
 
 def test_async_mode_copies_once_and_the_backward_reuses_it(rng):
-    """One copy in the forward; the backward takes it over (te_async_reuse_group_sizes: on the GPU
-    a fresh copy only where the forward's slot is gone, tests/test_gpu_slot_identity.py)."""
+    """One copy in the forward, kept for the backward, which takes it over (te_async_keep_group_sizes,
+    te_async_reuse_group_sizes: on the GPU a fresh copy only where the forward's slot is gone,
+    tests/test_gpu_slot_identity.py)."""
     sizes, a = mlp_inputs(rng, groups=3, rows=12, hidden=4, ffn=4, activation="swiglu", norm="rmsnorm")
     gs = jnp.asarray(sizes)
     f = lambda x, w1, w2: jnp.sum(te_async.grouped_mlp(x, gs, w1, w2, group_sizes_mode="async") ** 2)  # the backward needs y
@@ -179,6 +180,7 @@ def test_async_mode_copies_once_and_the_backward_reuses_it(rng):
     assert fwd.count("te_async_copy_group_sizes") == 1 and fwd.count("te_async_grouped_gemm") == 2
     both = jax.jit(jax.grad(f, argnums=(0, 1, 2))).lower(a["x"], a["w_fc1"], a["w_fc2"]).as_text()
     assert both.count("te_async_copy_group_sizes") == 1 and both.count("te_async_reuse_group_sizes") == 1
+    assert both.count("te_async_keep_group_sizes") == 1
     assert both.count("te_async_grouped_gemm") == 6
     given = jax.jit(lambda x, w1, w2: te_async.grouped_mlp(x, gs, w1, w2, host_group_sizes=te_async.copy_group_sizes(gs)))
     text = given.lower(a["x"], a["w_fc1"], a["w_fc2"]).as_text()

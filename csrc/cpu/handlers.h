@@ -6,6 +6,7 @@
 namespace te_async {
 
 XLA_FFI_DECLARE_HANDLER_SYMBOL(kCopyGroupSizesCpu);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(kKeepGroupSizesCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(kGroupedGemmCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(kGroupedGemmDeviceCpu);
 

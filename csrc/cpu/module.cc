@@ -16,7 +16,8 @@ NB_MODULE(_te_async_cpu, m) {
   m.def("registrations", []() {
     nb::dict d;
     d["te_async_copy_group_sizes"] = te_async::EncapsulateFfiHandler(te_async::kCopyGroupSizesCpu);
-    // The sizes are host memory already: a backward's handle is a plain copy too.
+    // The sizes are host memory already: a kept and a backward's handle are plain copies too.
+    d["te_async_keep_group_sizes"] = te_async::EncapsulateFfiHandler(te_async::kKeepGroupSizesCpu);
     d["te_async_reuse_group_sizes"] = te_async::EncapsulateFfiHandler(te_async::kCopyGroupSizesCpu);
     d["te_async_grouped_gemm"] = te_async::EncapsulateFfiHandler(te_async::kGroupedGemmCpu);
     d["te_async_grouped_gemm_device"] = te_async::EncapsulateFfiHandler(te_async::kGroupedGemmDeviceCpu);

@@ -1,7 +1,8 @@
 // copy_group_sizes on CUDA: a device snapshot of the sizes (the handle) plus an early D2H copy
-// into a pinned slot, all enqueued on XLA's stream; the host does not wait here. reuse_group_sizes
-// makes a backward's handle from its forward's, filed under the forward's slot where it still
-// holds the copy (host_size_slots.h), else with a fresh copy.
+// into a pinned slot, all enqueued on XLA's stream; the host does not wait here. keep_group_sizes
+// copies a forward's handle into the residual its backward gets, filed under the same slot;
+// reuse_group_sizes makes a backward's handle from that residual, filed under the forward's slot
+// where it still holds the copy (host_size_slots.h), else with a fresh copy.
 #include "cuda/cuda_check.h"
 #include "cuda/handlers.h"
 #include "cuda/host_size_slots.h"
@@ -36,11 +37,20 @@ ffi::Error CopyGroupSizesCuda(cudaStream_t stream, int32_t device, ffi::Buffer<f
   return (*slots)->Issue(sizes.typed_data(), handle->typed_data(), sizes.element_count(), stream);
 }
 
-ffi::Error ReuseGroupSizesCuda(cudaStream_t stream, int32_t device, ffi::Buffer<ffi::S32> snapshot,
+// `id` only keeps XLA from merging two keeps of one handle: each serves one backward.
+ffi::Error KeepGroupSizesCuda(cudaStream_t stream, int32_t device, ffi::RunId run, ffi::Buffer<ffi::S32> snapshot,
+                              ffi::ResultBuffer<ffi::S32> handle, int64_t /*id*/) {
+  auto slots = Snapshot(stream, device, snapshot, handle);
+  if (slots.has_error()) return slots.error();
+  (*slots)->Keep(snapshot.typed_data(), handle->typed_data(), snapshot.element_count(), run.run_id);
+  return ffi::Error::Success();
+}
+
+ffi::Error ReuseGroupSizesCuda(cudaStream_t stream, int32_t device, ffi::RunId run, ffi::Buffer<ffi::S32> snapshot,
                                ffi::ResultBuffer<ffi::S32> handle) {
   auto slots = Snapshot(stream, device, snapshot, handle);
   if (slots.has_error()) return slots.error();
-  return (*slots)->Reuse(snapshot.typed_data(), handle->typed_data(), snapshot.element_count(), stream);
+  return (*slots)->Reuse(snapshot.typed_data(), handle->typed_data(), snapshot.element_count(), stream, run.run_id);
 }
 
 }  // namespace
@@ -54,10 +64,20 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(kCopyGroupSizesCuda, CopyGroupSizesCuda,
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Ret<ffi::Buffer<ffi::S32>>());
 
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kKeepGroupSizesCuda, KeepGroupSizesCuda,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<ffi::DeviceOrdinal>()
+                                  .Ctx<ffi::RunId>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::Buffer<ffi::S32>>()
+                                  .Attr<int64_t>("id"));
+
 XLA_FFI_DEFINE_HANDLER_SYMBOL(kReuseGroupSizesCuda, ReuseGroupSizesCuda,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
                                   .Ctx<ffi::DeviceOrdinal>()
+                                  .Ctx<ffi::RunId>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Ret<ffi::Buffer<ffi::S32>>());
 

@@ -6,6 +6,7 @@
 namespace te_async {
 
 XLA_FFI_DECLARE_HANDLER_SYMBOL(kCopyGroupSizesCuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(kKeepGroupSizesCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(kReuseGroupSizesCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(kGroupedGemmCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(kGroupedGemmDeviceCuda);

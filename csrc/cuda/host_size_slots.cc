@@ -43,16 +43,17 @@ void HostSizeSlots::Release() {
   }
   slots_.clear();
   filed_.clear();
+  unclaimed_.clear();
 }
 
 ffi::Error HostSizeSlots::Issue(const int32_t* device_sizes, const void* handle, int64_t groups,
                                 cudaStream_t stream) {
   std::lock_guard<std::mutex> lock(mu_);
-  return IssueLocked(device_sizes, handle, groups, stream, /*reusable=*/true);
+  return IssueLocked(device_sizes, handle, groups, stream);
 }
 
 ffi::Error HostSizeSlots::IssueLocked(const int32_t* device_sizes, const void* handle, int64_t groups,
-                                      cudaStream_t stream, bool reusable) {
+                                      cudaStream_t stream) {
   const int index = static_cast<int>(issued_ % kSlots);
   Slot& slot = slots_[index];
   for (const void* old_handle : slot.handles) {
@@ -65,27 +66,61 @@ ffi::Error HostSizeSlots::IssueLocked(const int32_t* device_sizes, const void* h
   slot.generation = ++issued_;
   slot.groups = groups;
   slot.handles.assign(1, handle);
-  filed_[handle] = Filed{index, slot.generation, !reusable};
+  filed_[handle] = Filed{index, slot.generation, /*spent=*/true};
   ++stats_.copies;
   return ffi::Error::Success();
 }
 
-ffi::Error HostSizeSlots::Reuse(const int32_t* snapshot, const void* handle, int64_t groups, cudaStream_t stream) {
+bool HostSizeSlots::Live(const Filed& filed, int64_t groups) const {
+  const Slot& slot = slots_[filed.slot];
+  return slot.generation == filed.generation && slot.groups == groups;
+}
+
+void HostSizeSlots::Keep(const int32_t* snapshot, const void* handle, int64_t groups, int64_t run) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = filed_.find(snapshot);
-  if (it != filed_.end() && !it->second.spent) {
-    const Filed filed = it->second;
-    Slot& slot = slots_[filed.slot];
-    if (slot.generation == filed.generation && slot.groups == groups) {
-      it->second.spent = true;
-      slot.handles.push_back(handle);
-      filed_[handle] = Filed{filed.slot, filed.generation, true};
-      ++stats_.reused;
-      return ffi::Error::Success();
+  if (it == filed_.end() || !Live(it->second, groups)) return;
+  const Filed kept{it->second.slot, it->second.generation, /*spent=*/false};
+  slots_[kept.slot].handles.push_back(handle);
+  filed_[handle] = kept;
+  // The oldest was kept kSlots copies ago or more: its slot has been reissued.
+  if (unclaimed_.size() == kSlots) unclaimed_.erase(unclaimed_.begin());
+  unclaimed_.push_back(Kept{handle, kept, run});
+}
+
+ffi::Error HostSizeSlots::Reuse(const int32_t* snapshot, const void* handle, int64_t groups, cudaStream_t stream,
+                                int64_t run) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = filed_.find(snapshot);
+  const bool by_address = it != filed_.end() && !it->second.spent && Live(it->second, groups);
+  auto claimed = unclaimed_.rend();
+  for (auto k = unclaimed_.rbegin(); k != unclaimed_.rend(); ++k) {
+    const bool match = by_address ? k->handle == snapshot && k->filed.generation == it->second.generation
+                                  : k->run == run && Live(k->filed, groups);
+    if (match) {
+      claimed = k;
+      break;
     }
   }
-  ++stats_.reuse_misses;
-  return IssueLocked(snapshot, handle, groups, stream, /*reusable=*/false);
+  if (!by_address && claimed == unclaimed_.rend()) {
+    ++stats_.reuse_misses;
+    return IssueLocked(snapshot, handle, groups, stream);
+  }
+  const Filed source = by_address ? it->second : claimed->filed;
+  if (claimed != unclaimed_.rend()) {
+    auto kept = filed_.find(claimed->handle);
+    if (kept != filed_.end() && kept->second.generation == source.generation) kept->second.spent = true;
+    unclaimed_.erase(std::next(claimed).base());
+  }
+  if (by_address) {
+    it->second.spent = true;
+  } else {
+    ++stats_.reused_by_order;
+  }
+  slots_[source.slot].handles.push_back(handle);
+  filed_[handle] = Filed{source.slot, source.generation, /*spent=*/true};
+  ++stats_.reused;
+  return ffi::Error::Success();
 }
 
 bool HostSizeSlots::TryPinned(const void* handle, int64_t groups, int32_t* out) {

@@ -17,11 +17,19 @@
 // the GEMM from the operand when they differ (host_sizes_guard.h). A stale slot costs time and is
 // counted (DeviceCounters::repaired_reads); it never gives a wrong result.
 //
-// A backward pass reuses its forward's copy (Reuse): the forward's handle, kept as a residual,
-// is looked up like a consumer's operand, and the backward's own handle buffer is filed under the
-// same slot, so no copy is issued and the backward's GEMMs wait on an event that fired long ago.
-// Each filing serves one reuse: under scan the backward's slices of stacked handles may land on
-// one address again and again, and only the first of them can be the copy filed there.
+// A backward pass reuses its forward's copy. The forward keeps its handle for it (Keep): a copy
+// of the handle, filed under the same slot, which the backward gets as a residual. The backward
+// (Reuse) looks that residual up like a consumer's operand and files its own handle under the
+// same slot, so no copy is issued and its GEMMs wait on an event that fired long ago. Each kept
+// filing serves one reuse: under scan the backward's slices of stacked residuals may land on one
+// address again and again, and only the first of them can be the handle kept there.
+// Where the address finds no kept handle (under lax.scan the residuals are stacked and reach the
+// backward at new addresses), Reuse takes the newest live kept copy of the same execution (XLA's
+// run id) that no reuse has claimed: a backward pass runs its layers last to first, so in an
+// unrolled or scanned stack, with or without jax.checkpoint, that is the layer's own copy. Other
+// orders (a pipeline schedule's interleaved microbatches) can make it another layer's; the GPU
+// check above then redoes the GEMMs from the operand, so a wrong guess costs time, never
+// results. A backward run in another execution than its forward copies afresh.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -43,7 +51,8 @@ struct HostSizeStats {
   uint64_t event_waits = 0;     // consumers served from a pinned slot
   uint64_t sync_reads = 0;      // consumers in sync mode (D2H + cudaStreamSynchronize)
   uint64_t fallback_reads = 0;  // async consumers whose slot could not be used
-  uint64_t reused = 0;          // Reuse calls served by the forward's slot
+  uint64_t reused = 0;          // Reuse calls served by a forward's slot
+  uint64_t reused_by_order = 0; // of those, found as the newest unclaimed kept copy, not by address
   uint64_t reuse_misses = 0;    // Reuse calls that issued a fresh copy (also counted in copies)
 };
 
@@ -61,10 +70,16 @@ class HostSizeSlots {
   xla::ffi::Error Issue(const int32_t* device_sizes, const void* handle, int64_t groups,
                         cudaStream_t stream);
 
-  // Files `handle` (the backward's copy of `snapshot`) under the slot that `snapshot` is filed
-  // under, if that slot still holds its copy and no earlier Reuse took that filing; else issues
-  // a fresh copy of `snapshot` filed under `handle`. Either way `handle` is then readable.
-  xla::ffi::Error Reuse(const int32_t* snapshot, const void* handle, int64_t groups, cudaStream_t stream);
+  // Files `handle` (a forward's copy of `snapshot`, kept for its backward) under the slot that
+  // `snapshot` is filed under, for one Reuse in execution `run`; nothing where that slot is gone.
+  void Keep(const int32_t* snapshot, const void* handle, int64_t groups, int64_t run);
+
+  // Files `handle` (the backward's copy of `snapshot`) under the slot of the kept handle that
+  // `snapshot` is, if that slot still holds its copy and no earlier Reuse took that filing; else
+  // under the newest live kept copy of execution `run` that no Reuse took; else issues a fresh
+  // copy of `snapshot` filed under `handle`. Either way `handle` is then readable.
+  xla::ffi::Error Reuse(const int32_t* snapshot, const void* handle, int64_t groups, cudaStream_t stream,
+                        int64_t run);
 
   // Host copy of the sizes behind `handle`: from its pinned slot after waiting on the slot's
   // event when `async`, else (or when the slot is gone) by a synchronous D2H of `handle` itself.
@@ -87,20 +102,27 @@ class HostSizeSlots {
   struct Filed {
     int slot;
     uint64_t generation;
-    bool spent;  // no Reuse may take it: one did already, or it is a backward's own
+    bool spent;  // no Reuse may take it: it is no kept handle, or one took it already
+  };
+  struct Kept {
+    const void* handle;
+    Filed filed;
+    int64_t run;
   };
 
   xla::ffi::Error Init();
   void Release();
   bool TryPinned(const void* handle, int64_t groups, int32_t* out);
-  // Issue with mu_ held; a handle that is no forward's (a backward's fresh copy) is not reusable.
-  xla::ffi::Error IssueLocked(const int32_t* device_sizes, const void* handle, int64_t groups, cudaStream_t stream,
-                              bool reusable);
+  // Whether `filed`'s slot still holds that copy, of `groups` sizes.
+  bool Live(const Filed& filed, int64_t groups) const;
+  // Issue with mu_ held.
+  xla::ffi::Error IssueLocked(const int32_t* device_sizes, const void* handle, int64_t groups, cudaStream_t stream);
   xla::ffi::Error ReadSync(const int32_t* handle, int64_t groups, cudaStream_t stream, int32_t* out);
 
   std::mutex mu_;
   std::vector<Slot> slots_;
   std::unordered_map<const void*, Filed> filed_;
+  std::vector<Kept> unclaimed_;  // kept handles no Reuse has taken, oldest first (at most kSlots)
   uint64_t issued_ = 0;
   HostSizeStats stats_;
 };

@@ -26,6 +26,7 @@ NB_MODULE(_te_async_cuda, m) {
   m.def("registrations", []() {
     nb::dict d;
     d["te_async_copy_group_sizes"] = te_async::EncapsulateFfiHandler(te_async::kCopyGroupSizesCuda);
+    d["te_async_keep_group_sizes"] = te_async::EncapsulateFfiHandler(te_async::kKeepGroupSizesCuda);
     d["te_async_reuse_group_sizes"] = te_async::EncapsulateFfiHandler(te_async::kReuseGroupSizesCuda);
     d["te_async_grouped_gemm"] = te_async::EncapsulateFfiHandler(te_async::kGroupedGemmCuda);
     d["te_async_grouped_gemm_device"] = te_async::EncapsulateFfiHandler(te_async::kGroupedGemmDeviceCuda);
@@ -46,6 +47,8 @@ NB_MODULE(_te_async_cuda, m) {
     d["sync_reads"] = s.sync_reads;
     d["fallback_reads"] = s.fallback_reads;
     d["reused"] = s.reused;
+    d["reused_by_order"] = s.reused_by_order;
+    d["reused_by_order"] = s.reused_by_order;
     d["reuse_misses"] = s.reuse_misses;
     return d;
   });

@@ -11,7 +11,6 @@ import math
 import jax
 import jax.numpy as jnp
 
-from .. import host_size_stats
 from ..moe import moe_block
 from . import presets, timing
 
@@ -46,10 +45,7 @@ def run(args) -> dict:
             # each 1 GB-constant module at T=4096 on the H200 (docs/benchmarks.md).
             f = jax.jit(lambda x, p, kw=kw: moe_block(x, **p, top_k=model.top_k, **kw))
             t = timing.time_calls(f, inputs, reps=args.reps, inner=5)
-            before = host_size_stats(0)
-            jax.block_until_ready(f(*inputs[0]))
-            after = host_size_stats(0)
-            per_call = {k: after[k] - before[k] for k in after}
+            _, per_call = timing.counted_call(f, *inputs[0])
             results.append({"tokens": tokens, "variant": name, **t.as_dict(), "per_forward": per_call})
             print(f"T={tokens:5d} {name:10s} {1e3 * t.median_s:8.3f} ms  per forward: {per_call}")
     result = {"benchmark": "layer", "preset": preset, "shapes": model._asdict(), "results": results}

@@ -109,6 +109,14 @@ def add_xla_flags(flags: Sequence[str]) -> bool:
     return True
 
 
+def counted_call(f: Callable, *args) -> tuple:
+    """(f(*args), blocked on; how far it moved each of te_async's host-size counters on GPU 0)."""
+    before = host_size_stats(0)
+    out = jax.block_until_ready(f(*args))
+    after = host_size_stats(0)
+    return out, {k: after[k] - before[k] for k in after}
+
+
 def host_syncs(device: int = 0) -> int:
     """te_async's count of synchronous group-sizes reads on `device` so far (sync reads and async
     fallbacks). A GPU trace shows no cudaStreamSynchronize for them (CUPTI records only

@@ -110,16 +110,18 @@ def _torch_case(sets):
 
 
 def _measure(name: str, sets, reps: int, profile: bool, scan: bool) -> tuple:
-    """(wall-clock Timing, GPU busy seconds or None, the first set's output as leaves) of one contender."""
+    """(wall-clock Timing, GPU busy seconds or None, the first set's output as leaves, te_async's
+    host-size counters over one call or None for torch) of one contender."""
     if name == TORCH:
         step, torch_sets, output = _torch_case(sets)
         t = timing.time_calls(step, torch_sets, reps=reps, inner=3, block=torch_reference.block)
         gpu_s = torch_reference.gpu_seconds(step, torch_sets, calls=max(3, reps // 3)) if profile else None
-        return t, gpu_s, output(step(*torch_sets[0]))
+        return t, gpu_s, output(step(*torch_sets[0])), None
     f = forward_backward(name, scan)
     t = timing.time_calls(f, sets, reps=reps, inner=3)
     gpu_s = timing.device_time_s(f, sets, calls=max(3, reps // 3)) if profile else None
-    return t, gpu_s, jax.tree.leaves(f(*sets[0]))
+    out, counts = timing.counted_call(f, *sets[0])
+    return t, gpu_s, jax.tree.leaves(out), counts
 
 
 def run(args) -> dict:
@@ -152,7 +154,10 @@ def run(args) -> dict:
                 for depth in depths:
                     sets = [(x, g, layers(depth), dy) for x, g, dy in inputs]
                     per_depth[depth] = _measure(name, sets, reps, profile=depth == 1, scan=args.scan)
-                t1, gpu_s, out = per_depth[1]
+                t1, gpu_s, out, _ = per_depth[1]
+                deepest = max(per_depth)
+                if per_depth[deepest][3] is not None:  # what the deepest call copied, waited for and reused
+                    row["host_sizes"] = {"layers": deepest, **per_depth[deepest][3]}
                 if name == REFERENCE:
                     reference = out
                 elif reference is not None:
@@ -201,6 +206,13 @@ def markdown(result) -> str:
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     rows_by_split = ", ".join(f"{s} {next(r['rows'] for r in rows if r['split'] == s)}" for s in splits_run)
     lines.append("")
+    for r in rows:
+        counts = r.get("host_sizes")
+        if counts and counts["copies"] + counts["sync_reads"]:
+            lines.append(f"- {r['contender']}, {r['split']}: per {counts['layers']}-layer call "
+                         + ", ".join(f"{counts[k]} {k.replace('_', ' ')}" for k in counts if k != "layers"))
+    if lines[-1] != "":
+        lines.append("")
     stack = "a lax.scan over the layers" if result["scan"] else "unrolled layers"
     lines.append(f"grouped_mlp forward + backward, ms per layer ({stack}), {result['preset']}, {result['dtype']}, routed rows: "
                  f"{rows_by_split}. First a 1-layer call (wall clock, median of back-to-back calls; TFLOP/s of the six "
