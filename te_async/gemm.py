@@ -118,7 +118,7 @@ def outside_slice_fusion(out: jax.Array) -> jax.Array:
 def _differentiable_fwd(call: _Call, lhs, rhs, group_sizes, host_group_sizes):
     handle = async_handle(group_sizes, call.mode, host_group_sizes)
     out = _differentiable(call, lhs, rhs, group_sizes, handle)
-    return outside_slice_fusion(out), (lhs, rhs, group_sizes, keep_group_sizes(handle))
+    return outside_slice_fusion(out), (lhs, rhs, group_sizes, keep_group_sizes(handle, lhs))
 
 
 def _differentiable_bwd(call: _Call, residuals, dout):

@@ -62,13 +62,19 @@ def copy_group_sizes(group_sizes: jax.Array) -> HostGroupSizes:
 _keep_ids = itertools.count()
 
 
-def keep_group_sizes(handle: Optional[HostGroupSizes]) -> Optional[HostGroupSizes]:
+def keep_group_sizes(handle: Optional[HostGroupSizes], forward_input: jax.Array) -> Optional[HostGroupSizes]:
     """A forward's `handle` as the residual its backward passes to reuse_group_sizes (None stays
-    None): a copy of the handle, filed under the same pinned slot for one reuse. Each call is
-    distinct to XLA (an id attribute), so that two layers sharing one copy keep it twice."""
+    None): a copy of the handle, filed under the same pinned slot for one reuse.
+
+    Each keep must run once per forward, so that each backward finds one: `forward_input` (the
+    forward GEMM's lhs, an operand the handler does not read) ties it to its layer's data, which
+    keeps JAX's scan from hoisting it out of the loop when every layer shares one copy (its
+    partial evaluation computes loop-invariant residuals once), and an id attribute per traced
+    call keeps XLA from merging two keeps of one copy and one input (gate and up projections)."""
     if handle is None:
         return None
-    return HostGroupSizes(_handle_call(_ffi.KEEP_GROUP_SIZES, "keep_group_sizes", handle, id=next(_keep_ids)))
+    return HostGroupSizes(_handle_call(_ffi.KEEP_GROUP_SIZES, "keep_group_sizes", handle, forward_input,
+                                       id=next(_keep_ids)))
 
 
 def reuse_group_sizes(kept: HostGroupSizes) -> HostGroupSizes:
@@ -86,13 +92,13 @@ def reuse_group_sizes(kept: HostGroupSizes) -> HostGroupSizes:
     return HostGroupSizes(_handle_call(_ffi.REUSE_GROUP_SIZES, "reuse_group_sizes", kept))
 
 
-def _handle_call(target: str, name: str, handle: HostGroupSizes, **attrs) -> jax.Array:
-    """The FFI call `target` on a handle: a new int32 [G] snapshot of the same sizes."""
+def _handle_call(target: str, name: str, handle: HostGroupSizes, *operands, **attrs) -> jax.Array:
+    """The FFI call `target` on a handle (and `operands`): a new int32 [G] snapshot of the same sizes."""
     if not isinstance(handle, HostGroupSizes):
         raise TypeError(f"{name} takes a handle from copy_group_sizes, got {type(handle).__name__}")
     check_group_sizes(handle.device_sizes)
     return jax.ffi.ffi_call(target, jax.ShapeDtypeStruct(handle.device_sizes.shape, jnp.int32),
-                            vmap_method="sequential")(handle.device_sizes, **attrs)
+                            vmap_method="sequential")(handle.device_sizes, *operands, **attrs)
 
 
 def resolve_group_sizes_mode(

@@ -148,7 +148,8 @@ def test_too_many_groups():
 
 @pytest.mark.parametrize("name", ["keep_group_sizes", "reuse_group_sizes"])
 def test_keep_and_reuse_take_a_handle_and_give_its_sizes(name):
-    call = getattr(te_async, name)
+    call = te_async.reuse_group_sizes if name == "reuse_group_sizes" else (
+        lambda handle: te_async.keep_group_sizes(handle, jnp.ones((4, 2))))
     sizes = jnp.array([3, 0, 5], jnp.int32)
     out = jax.jit(lambda s: call(te_async.copy_group_sizes(s)))(sizes)
     assert isinstance(out, te_async.HostGroupSizes)
@@ -162,13 +163,27 @@ def test_keep_and_reuse_take_a_handle_and_give_its_sizes(name):
 
 
 def test_two_keeps_of_one_handle_stay_two():
-    """Each keep serves one backward, so XLA must not merge two keeps of one copy."""
-    def f(s):
+    """Each keep serves one backward, so XLA must not merge two keeps of one copy and one input."""
+    def f(s, x):
         handle = te_async.copy_group_sizes(s)
-        return te_async.keep_group_sizes(handle).device_sizes + te_async.keep_group_sizes(handle).device_sizes
+        return te_async.keep_group_sizes(handle, x).device_sizes + te_async.keep_group_sizes(handle, x).device_sizes
 
-    text = jax.jit(f).lower(jnp.array([3, 0, 5], jnp.int32)).compile().as_text()
+    text = jax.jit(f).lower(jnp.array([3, 0, 5], jnp.int32), jnp.ones((8, 2))).compile().as_text()
     assert text.count('custom_call_target="te_async_keep_group_sizes"') == 2
+
+
+def test_keep_stays_in_each_scan_trip():
+    """Layers that share one copy each keep it: JAX's scan hoists a loop-invariant residual out of
+    the loop (one keep for all trips, and one reuse), unless the keep reads the trip's input."""
+    def f(s, xs):
+        handle = te_async.copy_group_sizes(s)
+        step = lambda c, x: (c, te_async.grouped_gemm(x, jnp.ones((3, 2, 2), jnp.float32), s, group_sizes_mode="async",
+                                                      host_group_sizes=handle).sum())
+        return jax.grad(lambda xs: jax.lax.scan(step, 0.0, xs)[1].sum())(xs)
+
+    text = jax.jit(f).lower(jnp.array([3, 0, 5], jnp.int32), jnp.ones((4, 8, 2), jnp.float32)).as_text()
+    loop = text[text.index("stablehlo.while"):]
+    assert loop.count("te_async_keep_group_sizes") == 1 and text.count("te_async_keep_group_sizes") == 1
 
 
 def test_handle_with_wrong_group_count():

@@ -16,11 +16,15 @@ static ffi::Error CopyGroupSizesCpu(ffi::Buffer<ffi::S32> sizes, ffi::ResultBuff
 XLA_FFI_DEFINE_HANDLER_SYMBOL(kCopyGroupSizesCpu, CopyGroupSizesCpu,
                               ffi::Ffi::Bind().Arg<ffi::Buffer<ffi::S32>>().Ret<ffi::Buffer<ffi::S32>>());
 
-// keep_group_sizes: a copy; `id` only keeps XLA from merging two keeps of one handle.
+// keep_group_sizes: a copy; the forward's input and `id` only keep JAX and XLA from hoisting or
+// merging keeps (te_async/group_sizes.py).
 XLA_FFI_DEFINE_HANDLER_SYMBOL(kKeepGroupSizesCpu,
-                              [](ffi::Buffer<ffi::S32> sizes, ffi::ResultBuffer<ffi::S32> handle, int64_t) {
-                                return CopyGroupSizesCpu(sizes, handle);
-                              },
-                              ffi::Ffi::Bind().Arg<ffi::Buffer<ffi::S32>>().Ret<ffi::Buffer<ffi::S32>>().Attr<int64_t>("id"));
+                              [](ffi::Buffer<ffi::S32> sizes, ffi::AnyBuffer, ffi::ResultBuffer<ffi::S32> handle,
+                                 int64_t) { return CopyGroupSizesCpu(sizes, handle); },
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::Buffer<ffi::S32>>()
+                                  .Attr<int64_t>("id"));
 
 }  // namespace te_async

@@ -37,9 +37,10 @@ ffi::Error CopyGroupSizesCuda(cudaStream_t stream, int32_t device, ffi::Buffer<f
   return (*slots)->Issue(sizes.typed_data(), handle->typed_data(), sizes.element_count(), stream);
 }
 
-// `id` only keeps XLA from merging two keeps of one handle: each serves one backward.
+// The forward's input and `id` are not read: they keep JAX and XLA from hoisting or merging keeps,
+// each of which serves one backward (te_async/group_sizes.py, keep_group_sizes).
 ffi::Error KeepGroupSizesCuda(cudaStream_t stream, int32_t device, ffi::RunId run, ffi::Buffer<ffi::S32> snapshot,
-                              ffi::ResultBuffer<ffi::S32> handle, int64_t /*id*/) {
+                              ffi::AnyBuffer /*forward_input*/, ffi::ResultBuffer<ffi::S32> handle, int64_t /*id*/) {
   auto slots = Snapshot(stream, device, snapshot, handle);
   if (slots.has_error()) return slots.error();
   (*slots)->Keep(snapshot.typed_data(), handle->typed_data(), snapshot.element_count(), run.run_id);
@@ -70,6 +71,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(kKeepGroupSizesCuda, KeepGroupSizesCuda,
                                   .Ctx<ffi::DeviceOrdinal>()
                                   .Ctx<ffi::RunId>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::Buffer<ffi::S32>>()
                                   .Attr<int64_t>("id"));
 
