@@ -1,4 +1,5 @@
-// Debug switches read once from the environment, for tests and for finding bad inputs.
+// Switches read once from the environment: for tests, for finding bad inputs, and one for a
+// training schedule whose order async mode's reuse guesses wrong.
 #pragma once
 
 #include <cstdlib>
@@ -29,6 +30,15 @@ inline bool VerifyHostSizes() {
 // a stale slot would read, so that tests can show the GPU's check repairs it (host_sizes_guard.h).
 inline bool DebugRotatePinnedSizes() {
   static const bool on = EnvFlagIsOne("TE_ASYNC_DEBUG_ROTATE_PINNED_SIZES");
+  return on;
+}
+
+// TE_ASYNC_NO_REUSE_BY_ORDER=1: a backward whose kept handle is not found by its address issues a
+// fresh copy instead of taking the newest unclaimed kept copy (host_size_slots.h). For schedules
+// that run a backward after a later forward of other sizes (1F1B pipelines), where that guess is
+// the later forward's copy and the GPU redoes each of those GEMMs (repaired_reads).
+inline bool NoReuseByOrder() {
+  static const bool on = EnvFlagIsOne("TE_ASYNC_NO_REUSE_BY_ORDER");
   return on;
 }
 

@@ -234,22 +234,29 @@ print("RESULT" + json.dumps(out))
 """
 
 
-def test_wrong_order_guess_is_repaired():
-    """Interleaved microbatches under scan: a backward's order guess (the newest kept copy) can
-    be another microbatch's sizes. The GPU's check must redo those GEMMs, so the gradients stay
-    right (TE_ASYNC_VERIFY_HOST_SIZES off: it would fail the call on the first wrong guess)."""
-    env = dict(os.environ, TE_ASYNC_VERIFY_HOST_SIZES="0", XLA_PYTHON_CLIENT_PREALLOCATE="false")
+@pytest.mark.parametrize("by_order", [True, False], ids=["guess", "no_guess"])
+def test_wrong_order_guess_is_repaired(by_order):
+    """Interleaved microbatches under scan (a 1F1B schedule): each backward's order guess (the
+    newest kept copy) is the other microbatch's sizes. The GPU's check must redo those GEMMs, so
+    the gradients stay right (TE_ASYNC_VERIFY_HOST_SIZES off: it would fail the call on the first
+    wrong guess); TE_ASYNC_NO_REUSE_BY_ORDER=1 makes fresh copies instead, with nothing to redo."""
+    env = dict(os.environ, TE_ASYNC_VERIFY_HOST_SIZES="0", XLA_PYTHON_CLIENT_PREALLOCATE="false",
+               TE_ASYNC_NO_REUSE_BY_ORDER="0" if by_order else "1")
     proc = subprocess.run([sys.executable, "-P", "-c", _WRONG_ORDER_CHILD], env=env, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.split("RESULT", 1)[1])
-    print("wrong order", result["stats"])
+    stats = result["stats"]
+    print("wrong order" if by_order else "wrong order, no guess", stats)
     w1, w2 = np.array(result["w1"]), np.array(result["w2"])
     for grads, sizes, x in zip(result["grads"], result["sizes"], result["x"]):
         want = _reference_stack_grads(np.array(sizes), np.array(x), w1, w2)
         for got, expected in zip(grads, want):
             assert rel_error(np.array(got), expected) < 1e-4
-    assert result["stats"]["reused"] + result["stats"]["reuse_misses"] == 6
+    if by_order:  # every guess wrong: 6 backwards of 4 GEMMs each redone
+        assert stats["reused_by_order"] == 6 and stats["repaired_reads"] == 24
+    else:
+        assert stats["reused"] == 0 and stats["reuse_misses"] == 6 and stats["repaired_reads"] == 0
 
 
 def test_reused_copy_past_the_ring(rng):

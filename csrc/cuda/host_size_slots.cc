@@ -96,7 +96,7 @@ ffi::Error HostSizeSlots::Reuse(const int32_t* snapshot, const void* handle, int
   auto claimed = unclaimed_.rend();
   for (auto k = unclaimed_.rbegin(); k != unclaimed_.rend(); ++k) {
     const bool match = by_address ? k->handle == snapshot && k->filed.generation == it->second.generation
-                                  : k->run == run && Live(k->filed, groups);
+                                  : !NoReuseByOrder() && k->run == run && Live(k->filed, groups);
     if (match) {
       claimed = k;
       break;

@@ -27,9 +27,11 @@
 // backward at new addresses), Reuse takes the newest live kept copy of the same execution (XLA's
 // run id) that no reuse has claimed: a backward pass runs its layers last to first, so in an
 // unrolled or scanned stack, with or without jax.checkpoint, that is the layer's own copy. Other
-// orders (a pipeline schedule's interleaved microbatches) can make it another layer's; the GPU
-// check above then redoes the GEMMs from the operand, so a wrong guess costs time, never
-// results. A backward run in another execution than its forward copies afresh.
+// orders (a 1F1B pipeline's backward after a later microbatch's forward) can make it another
+// layer's; the GPU check above then redoes the GEMMs from the operand, so a wrong guess costs
+// time (the repair's portable kernel: much more than a fresh copy's wait at training sizes),
+// never results. TE_ASYNC_NO_REUSE_BY_ORDER=1 turns the guess off for such schedules (a fresh
+// copy instead). A backward run in another execution than its forward copies afresh.
 #pragma once
 
 #include <cuda_runtime.h>
