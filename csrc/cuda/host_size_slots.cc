@@ -83,7 +83,8 @@ void HostSizeSlots::Keep(const int32_t* snapshot, const void* handle, int64_t gr
   const Filed kept{it->second.slot, it->second.generation, /*spent=*/false};
   slots_[kept.slot].handles.push_back(handle);
   filed_[handle] = kept;
-  // The oldest was kept kSlots copies ago or more: its slot has been reissued.
+  // At most kSlots unclaimed: a copy kept that long ago has had its slot reissued, unless many
+  // layers share it; the oldest's backward then copies afresh.
   if (unclaimed_.size() == kSlots) unclaimed_.erase(unclaimed_.begin());
   unclaimed_.push_back(Kept{handle, kept, run});
 }

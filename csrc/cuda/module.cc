@@ -48,7 +48,6 @@ NB_MODULE(_te_async_cuda, m) {
     d["fallback_reads"] = s.fallback_reads;
     d["reused"] = s.reused;
     d["reused_by_order"] = s.reused_by_order;
-    d["reused_by_order"] = s.reused_by_order;
     d["reuse_misses"] = s.reuse_misses;
     return d;
   });
