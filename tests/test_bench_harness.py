@@ -73,12 +73,16 @@ def test_prefill_contenders_agree_with_reference(rng, gemm):
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=name)
 
 
+@pytest.mark.parametrize("per_layer", [False, True], ids=["shared_sizes", "sizes_per_layer"])
 @pytest.mark.parametrize("scan", [False, True], ids=["unrolled", "scan"])
-@pytest.mark.parametrize("contender", [train.REFERENCE, train.DROP_IN, "device"])
-def test_train_stack_matches_float64(rng, scan, contender):
+@pytest.mark.parametrize("contender", [train.REFERENCE, train.DROP_IN, "device", "async"])
+def test_train_stack_matches_float64(rng, scan, contender, per_layer):
     """bench train's timed step: x + mlp(x) per layer, forward and every gradient, unrolled or as a
-    scan over stacked weights, against the float64 reference's jax.vjp."""
-    sizes = random_group_sizes(rng, EXPERTS, ROWS, "zeros")
+    scan over stacked weights, with one size vector or one per layer, against the float64
+    reference's jax.vjp."""
+    per = [random_group_sizes(rng, EXPERTS, ROWS, kind) for kind in ("zeros", "skewed", "random")[:LAYERS]]
+    layer_sizes = per if per_layer else [per[0]] * LAYERS
+    sizes = np.stack(per) if per_layer else per[0]
     f32 = lambda *shape: jnp.asarray(rng.standard_normal(shape) / np.sqrt(shape[-2] if len(shape) > 2 else 1), jnp.float32)
     layers = [(f32(EXPERTS, HIDDEN, 2 * FFN), f32(EXPERTS, FFN, HIDDEN), 1 + 0.1 * f32(HIDDEN)) for _ in range(LAYERS)]
     x, dy = f32(ROWS, HIDDEN), f32(ROWS, HIDDEN)
@@ -87,8 +91,8 @@ def test_train_stack_matches_float64(rng, scan, contender):
         y, (dx, d_weights) = train.forward_backward(contender, scan)(x, jnp.asarray(sizes), weights, dy)
 
     def reference(x_, layers_):
-        for w1, w2, scale in layers_:
-            x_ = x_ + mlp_reference(x_, sizes, w1, w2, scale, eps=train.EPS)
+        for (w1, w2, scale), s in zip(layers_, layer_sizes):
+            x_ = x_ + mlp_reference(x_, s, w1, w2, scale, eps=train.EPS)
         return x_
 
     y_ref, pull = jax.vjp(reference, x.astype(jnp.float64), [tuple(w.astype(jnp.float64) for w in l) for l in layers])

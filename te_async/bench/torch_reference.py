@@ -85,7 +85,8 @@ def gemm(form: str):
 
 def mlp_stack_step(eps: float):
     """step(x, group_sizes, weights, dy) -> (y, (dx, [(dw1_t, dw2_t, dscale) per layer])): the layer
-    stack of the train benchmark, x + mlp(x) per (w1_t, w2_t, scale) of `weights`, with grouped_mlp's
+    stack of the train benchmark, x + mlp(x) per (w1_t, w2_t, scale) of `weights` (group_sizes [G]
+    for every layer, or [layers, G]), with grouped_mlp's
     math (rmsnorm and swiglu in float32, cast back; fc1 [gate | linear]), forward and backward under
     torch's autograd, eager."""
     torch = _torch()
@@ -99,12 +100,12 @@ def mlp_stack_step(eps: float):
         return forward(a, w2_t, offs)
 
     def step(x, group_sizes, weights, dy):
-        offs = offsets(group_sizes)
+        offs = [offsets(g) for g in group_sizes] if group_sizes.dim() == 2 else [offsets(group_sizes)] * len(weights)
         x = x.detach().requires_grad_()
         leaves = [[w.detach().requires_grad_() for w in layer] for layer in weights]
         y = x
-        for w1_t, w2_t, scale in leaves:
-            y = y + mlp(y, w1_t, w2_t, scale, offs)
+        for (w1_t, w2_t, scale), layer_offs in zip(leaves, offs):
+            y = y + mlp(y, w1_t, w2_t, scale, layer_offs)
         grads = torch.autograd.grad(y, [x] + [w for layer in leaves for w in layer], dy)
         return y.detach(), (grads[0], [tuple(grads[1 + 3 * i:4 + 3 * i]) for i in range(len(leaves))])
 

@@ -49,6 +49,9 @@ def add_arguments(p) -> None:
     p.add_argument("--scan", action="store_true",
                    help="the layer stack as a lax.scan over stacked weights, as JAX training stacks layers (torch, "
                         "eager, is left out)")
+    p.add_argument("--sizes-per-layer", action="store_true",
+                   help="each layer routes its own size vector (the split rotated by the layer's index), as a model's "
+                        "layers do; by default all layers share one, whose async copy XLA and JAX's scan make once")
     p.add_argument("--reps", type=int, default=30, help="timing samples of 3 calls each (default: 30)")
 
 
@@ -65,13 +68,16 @@ def layer(contender: str):
 def forward_backward(contender: str, scan: bool = False):
     """The jitted training step of a layer stack: (x, gs, weights, dy) -> (y, (dx, d weights)), where
     each layer adds its MLP to x and weights holds (w_fc1, w_fc2, norm_scale) per layer, or with
-    `scan` those three stacked over the layers, which a lax.scan runs."""
+    `scan` those three stacked over the layers, which a lax.scan runs. gs: the group sizes [G] of
+    every layer, or [layers, G], one row per layer."""
 
     def forward(x, gs, weights):
+        sizes = (lambda i: gs[i]) if gs.ndim == 2 else (lambda i: gs)
         if scan:
-            return jax.lax.scan(lambda c, w: (c + layer(contender)(c, gs, *w), None), x, weights)[0]
-        for w1, w2, scale in weights:
-            x = x + layer(contender)(x, gs, w1, w2, scale)
+            body = lambda c, w: (c + layer(contender)(c, sizes(w[0]), *w[1:]), None)
+            return jax.lax.scan(body, x, (jnp.arange(weights[0].shape[0]), *weights))[0]
+        for i, (w1, w2, scale) in enumerate(weights):
+            x = x + layer(contender)(x, sizes(i), w1, w2, scale)
         return x
 
     def step(x, gs, weights, dy):
@@ -141,9 +147,10 @@ def run(args) -> dict:
     results = []
     for split, sizes in splits(model, tokens).items():
         rows = int(sum(sizes))
-        gs = jnp.asarray(sizes, jnp.int32)
+        group_sizes = (lambda depth: jnp.asarray([np.roll(sizes, i) for i in range(depth)], jnp.int32)) if args.sizes_per_layer \
+            else (lambda depth: jnp.asarray(sizes, jnp.int32))
         flops = gemm_flops(rows, model)
-        inputs = [(normal(10 + i, (rows, model.hidden)), gs, normal(20 + i, (rows, model.hidden))) for i in range(2)]
+        inputs = [(normal(10 + i, (rows, model.hidden)), normal(20 + i, (rows, model.hidden))) for i in range(2)]
         reference = None
         for name in names:
             row = {"split": split, "contender": name, "rows": rows, "gemm_flops_per_layer": flops, "rel_error_vs_ragged_dot": None}
@@ -152,7 +159,7 @@ def run(args) -> dict:
                 depths = (1,) if name == REFERENCE or args.depth == 1 else (1, args.depth)
                 per_depth = {}
                 for depth in depths:
-                    sets = [(x, g, layers(depth), dy) for x, g, dy in inputs]
+                    sets = [(x, group_sizes(depth), layers(depth), dy) for x, dy in inputs]
                     per_depth[depth] = _measure(name, sets, reps, profile=depth == 1, scan=args.scan)
                 t1, gpu_s, out, _ = per_depth[1]
                 deepest = max(per_depth)
@@ -172,7 +179,7 @@ def run(args) -> dict:
             results.append(row)
             print(_line(row), flush=True)
     result = {"benchmark": "train", "preset": preset, "shapes": model._asdict(), "tokens": tokens, "depth": args.depth,
-              "scan": args.scan,
+              "scan": args.scan, "sizes_per_layer": args.sizes_per_layer,
               "dtype": jnp.dtype(dtype).name, "results": results}
     (args.out / "train.md").write_text(markdown(result))
     print(markdown(result))
@@ -214,6 +221,8 @@ def markdown(result) -> str:
     if lines[-1] != "":
         lines.append("")
     stack = "a lax.scan over the layers" if result["scan"] else "unrolled layers"
+    stack += ", each layer its own size vector (the split rotated)" if result.get("sizes_per_layer") else \
+        ", one size vector for every layer"
     lines.append(f"grouped_mlp forward + backward, ms per layer ({stack}), {result['preset']}, {result['dtype']}, routed rows: "
                  f"{rows_by_split}. First a 1-layer call (wall clock, median of back-to-back calls; TFLOP/s of the six "
                  "GEMMs by wall clock / by GPU time: the call's kernel time from the profiler, for torch CUDA events around "
