@@ -86,9 +86,8 @@ def gemm(form: str):
 def mlp_stack_step(eps: float):
     """step(x, group_sizes, weights, dy) -> (y, (dx, [(dw1_t, dw2_t, dscale) per layer])): the layer
     stack of the train benchmark, x + mlp(x) per (w1_t, w2_t, scale) of `weights` (group_sizes [G]
-    for every layer, or [layers, G]), with grouped_mlp's
-    math (rmsnorm and swiglu in float32, cast back; fc1 [gate | linear]), forward and backward under
-    torch's autograd, eager."""
+    for every layer, or [layers, G]), with grouped_mlp's math (rmsnorm and swiglu in float32, cast
+    back; fc1 [gate | linear]), forward and backward under torch's autograd, eager."""
     torch = _torch()
     forward = gemm("m")
 
