@@ -67,10 +67,11 @@ def keep_group_sizes(handle: Optional[HostGroupSizes], forward_input: jax.Array)
     None): a copy of the handle, filed under the same pinned slot for one reuse.
 
     Each keep must run once per forward, so that each backward finds one: `forward_input` (the
-    forward GEMM's lhs, an operand the handler does not read) ties it to its layer's data, which
-    keeps JAX's scan from hoisting it out of the loop when every layer shares one copy (its
-    partial evaluation computes loop-invariant residuals once), and an id attribute per traced
-    call keeps XLA from merging two keeps of one copy and one input (gate and up projections)."""
+    forward's input, e.g. its GEMM's lhs; an operand the handler does not read) ties it to its
+    layer's data, which keeps JAX's scan from hoisting it out of the loop when every layer shares
+    one copy (its partial evaluation computes loop-invariant residuals once), and an id attribute
+    per traced call keeps XLA from merging two keeps of one copy and one input (gate and up
+    projections)."""
     if handle is None:
         return None
     return HostGroupSizes(_handle_call(_ffi.KEEP_GROUP_SIZES, "keep_group_sizes", handle, forward_input,

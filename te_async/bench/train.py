@@ -147,8 +147,11 @@ def run(args) -> dict:
     results = []
     for split, sizes in splits(model, tokens).items():
         rows = int(sum(sizes))
-        group_sizes = (lambda depth: jnp.asarray([np.roll(sizes, i) for i in range(depth)], jnp.int32)) if args.sizes_per_layer \
-            else (lambda depth: jnp.asarray(sizes, jnp.int32))
+
+        def group_sizes(depth: int, sizes=sizes) -> jax.Array:
+            """[G] for every layer, or with --sizes-per-layer [depth, G], layer i's split rotated by i."""
+            return jnp.asarray([np.roll(sizes, i) for i in range(depth)] if args.sizes_per_layer else sizes, jnp.int32)
+
         flops = gemm_flops(rows, model)
         inputs = [(normal(10 + i, (rows, model.hidden)), normal(20 + i, (rows, model.hidden))) for i in range(2)]
         reference = None
