@@ -117,8 +117,9 @@ def _mlp_layers(rng, layers: int):
     return sizes, x, w_fc1, w_fc2
 
 
-def _stack_forward(layer, scan: bool):
-    """x + layer(x, sizes_i, w1_i, w2_i) per layer, unrolled or as a lax.scan."""
+def _mlp_stack_grads(layer, scan: bool):
+    """Gradients of sum(y^2) through x + layer(x, sizes_i, w1_i, w2_i) per layer, unrolled or as a
+    lax.scan: a jitted (x, sizes, w1, w2) -> (dx, dw1, dw2)."""
     def forward(a, s, w1, w2):
         if scan:
             return jax.lax.scan(lambda c, xs: (c + layer(c, *xs), None), a, (s, w1, w2))[0]
@@ -126,12 +127,6 @@ def _stack_forward(layer, scan: bool):
             a = a + layer(a, s[i], w1[i], w2[i])
         return a
 
-    return forward
-
-
-def _mlp_stack_grads(layer, sizes, x, w_fc1, w_fc2, scan: bool):
-    """Gradients of sum(y^2) through x + layer(x) per layer, unrolled or as a lax.scan."""
-    forward = _stack_forward(layer, scan)
     return jax.jit(jax.grad(lambda a, s, w1, w2: jnp.sum(forward(a, s, w1, w2) ** 2), argnums=(0, 2, 3)))
 
 
@@ -179,7 +174,7 @@ def test_backward_reuses_forward_copy(rng, scan, remat, shared):
         base = lambda a, s, w1, w2: _async_mlp(a, jnp.asarray(sizes[0]), w1, w2)
     layer = jax.checkpoint(base) if remat else base
     name = f"backward reuse ({'scan' if scan else 'unrolled'}, {'remat' if remat else 'saved'}, {'shared' if shared else 'per layer'})"
-    grads, delta = run(name, _mlp_stack_grads(layer, sizes, x, w_fc1, w_fc2, scan), x, sizes, w_fc1, w_fc2)
+    grads, delta = run(name, _mlp_stack_grads(layer, scan), x, sizes, w_fc1, w_fc2)
     for got, expected in zip(grads, _reference_stack_grads(sizes, x, w_fc1, w_fc2)):
         assert rel_error(got, expected) < 1e-4
     assert delta["reused"] == layers and delta["reuse_misses"] == 0
@@ -200,7 +195,7 @@ def test_shared_copy_serves_both_backwards(rng, scan):
     layers = 4
     sizes, x, w_fc1, w_fc2 = _mlp_layers(rng, layers)
     grads, delta = run(f"shared copy ({'scan' if scan else 'unrolled'})",
-                       _mlp_stack_grads(_two_gemm_mlp, sizes, x, w_fc1, w_fc2, scan), x, sizes, w_fc1, w_fc2)
+                       _mlp_stack_grads(_two_gemm_mlp, scan), x, sizes, w_fc1, w_fc2)
     for got, expected in zip(grads, _reference_stack_grads(sizes, x, w_fc1, w_fc2)):
         assert rel_error(got, expected) < 1e-4
     assert delta["copies"] == layers and delta["reused"] == 2 * layers and delta["reuse_misses"] == 0
