@@ -74,6 +74,8 @@ def keep_group_sizes(handle: Optional[HostGroupSizes], forward_input: jax.Array)
     projections)."""
     if handle is None:
         return None
+    if not isinstance(forward_input, jax.Array):
+        raise TypeError(f"keep_group_sizes takes the forward's input as an array, got {type(forward_input).__name__}")
     return HostGroupSizes(_handle_call(_ffi.KEEP_GROUP_SIZES, "keep_group_sizes", handle, forward_input,
                                        id=next(_keep_ids)))
 

@@ -162,6 +162,13 @@ def test_keep_and_reuse_take_a_handle_and_give_its_sizes(name):
         call(te_async.HostGroupSizes(jnp.zeros((te_async.MAX_GROUPS + 1,), jnp.int32)))
 
 
+def test_keep_takes_the_forward_input_as_an_array():
+    handle = te_async.copy_group_sizes(jnp.array([3, 0, 5], jnp.int32))
+    with pytest.raises(TypeError, match="keep_group_sizes takes the forward's input as an array, got list"):
+        te_async.keep_group_sizes(handle, [1.0, 2.0])
+    assert te_async.keep_group_sizes(None, jnp.ones(2)) is None
+
+
 def test_two_keeps_of_one_handle_stay_two():
     """Each keep serves one backward, so XLA must not merge two keeps of one copy and one input."""
     def f(s, x):
