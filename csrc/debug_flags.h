@@ -1,5 +1,5 @@
-// Switches read once from the environment: for tests, for finding bad inputs, and one for a
-// training schedule whose order async mode's reuse guesses wrong.
+// Switches read once from the environment: for tests, for finding bad inputs, for A/B
+// measurements, and one for a training schedule whose order async mode's reuse guesses wrong.
 #pragma once
 
 #include <cstdlib>
@@ -39,6 +39,14 @@ inline bool DebugRotatePinnedSizes() {
 // the later forward's copy and the GPU redoes each of those GEMMs (repaired_reads).
 inline bool NoReuseByOrder() {
   static const bool on = EnvFlagIsOne("TE_ASYNC_NO_REUSE_BY_ORDER");
+  return on;
+}
+
+// TE_ASYNC_PER_GROUP_GEMMS=1: async mode's host-sized GEMMs launch one cuBLAS GEMM per group, as
+// sync mode's do, instead of one grouped call (grouped_gemm_cublas.cc, OneLaunch): for measuring
+// what hiding the copy gains apart from what the single launch gains.
+inline bool PerGroupGemms() {
+  static const bool on = EnvFlagIsOne("TE_ASYNC_PER_GROUP_GEMMS");
   return on;
 }
 

@@ -76,13 +76,15 @@ def host_size_stats(device: int = 0) -> dict:
     whose slot was gone, read synchronously; reused: backward passes served by their forward's copy
     (reuse_group_sizes); reused_by_order: of those, the ones found as the newest unclaimed forward
     copy (a scan's stacked handles), not by address; reuse_misses: backward passes that issued a
-    fresh copy instead;
+    fresh copy instead; per_group_gemms: cuBLAS GEMMs launched one per non-empty group (sync
+    mode, TE's launches); grouped_calls: host-sized GEMMs whose groups went out in one grouped
+    cuBLAS call (async mode);
     repaired_reads: async GEMMs whose pinned sizes the GPU found stale and recomputed (a device
     counter: read after the step, it costs a synchronous copy).
     """
     if not gpu_present():
         return dict.fromkeys(("copies", "event_waits", "sync_reads", "fallback_reads", "reused", "reused_by_order",
-                              "reuse_misses", "repaired_reads"), 0)
+                              "reuse_misses", "per_group_gemms", "grouped_calls", "repaired_reads"), 0)
     stats = dict(_te_async_cuda.host_size_stats(device))
     stats["repaired_reads"] = _te_async_cuda.device_counters(device)["repaired_reads"]
     return stats

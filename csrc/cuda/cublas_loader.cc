@@ -57,6 +57,8 @@ ffi::ErrorOr<const CublasApi*> Cublas() {
     Resolve(lib, "cublasGemmEx_64", api.GemmEx, missing);
     Resolve(lib, "cublasGetStatusString", api.StatusString, missing);
     if (!missing.empty()) error = "te_async: cuBLAS lacks symbols: " + missing;
+    std::string optional;
+    Resolve(lib, "cublasGemmGroupedBatchedEx_64", api.GemmGroupedBatchedEx, optional);
   });
   if (!error.empty()) return ffi::Unexpected(ffi::Error::Internal(error));
   return &api;

@@ -15,6 +15,8 @@ struct CublasApi {
   decltype(&cublasSetWorkspace_v2) SetWorkspace;
   decltype(&cublasGemmEx_64) GemmEx;  // the 64-bit-index form: not overloaded in C++
   decltype(&cublasGetStatusString) StatusString;
+  // cuBLAS 12.5 and later; null in older ones, whose callers launch one GEMM per group instead.
+  decltype(&cublasGemmGroupedBatchedEx_64) GemmGroupedBatchedEx;
 };
 
 // The loaded API, or an error saying which libraries were tried. Loads once per process.

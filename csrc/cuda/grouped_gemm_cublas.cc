@@ -1,10 +1,12 @@
-// Host-sized grouped GEMM: one cuBLAS GEMM per non-empty group, spread over side streams.
+// Host-sized grouped GEMM: one cuBLAS GEMM per non-empty group, spread over side streams (sync),
+// or all of them in one grouped cuBLAS call (async; see OneLaunch).
 // Group sizes come from the host: read synchronously ("sync", TE's behaviour) or from the pinned
 // slot a copy_group_sizes call filled ahead of time ("async", waiting on its event only); sizes
 // from a slot are checked on the GPU, which redoes the GEMM if they were stale (host_sizes_guard.h).
 #include <algorithm>
 #include <array>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "cuda/cublas_loader.h"
@@ -34,25 +36,78 @@ cudaDataType CudaType(ffi::DataType t) {
   }
 }
 
-// Row-major operands through column-major cuBLAS: C^T = B^T A^T, so rhs goes first.
-ffi::Error LaunchGroup(const CublasApi& api, cublasHandle_t handle, const GroupedGemmShape& s,
-                       int64_t group, int64_t row0, int64_t rows, const char* lhs, const char* rhs,
-                       char* out) {
+// One group's GEMM in cuBLAS' column-major terms. Row-major operands: C^T = B^T A^T, so rhs is
+// cuBLAS' A.
+struct GroupProblem {
+  cublasOperation_t op_a, op_b;
+  int64_t m, n, k, lda, ldb, ldc;
+  const char* a;
+  const char* b;
+  char* c;
+};
+
+GroupProblem ProblemOf(const GroupedGemmShape& s, int64_t group, int64_t row0, int64_t rows,
+                       const char* lhs, const char* rhs, char* out) {
   const size_t in = ffi::ByteWidth(s.in_type), o = ffi::ByteWidth(s.out_type);
-  const int64_t n = s.n, k = s.k, m = rows;
-  const float alpha = 1.0f, beta = 0.0f;
-  const cudaDataType ti = CudaType(s.in_type), to = CudaType(s.out_type);
   if (!s.ragged_k) {  // out[rows] [m,N] = lhs[rows] [m,K] @ rhs[g] [K,N] (or [N,K]^T)
-    TE_ASYNC_CUBLAS(api, GemmEx(handle, s.transpose_rhs ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N, n,
-                                m, k, &alpha, rhs + group * s.k * s.n * in, ti,
-                                s.transpose_rhs ? k : n, lhs + row0 * s.k * in, ti, k, &beta,
-                                out + row0 * s.n * o, to, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-  } else {  // out[g] [K,N] = lhs[rows]^T [K,m] @ rhs[rows] [m,N]
-    TE_ASYNC_CUBLAS(api, GemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_T, n, k, m, &alpha,
-                                rhs + row0 * s.n * in, ti, n, lhs + row0 * s.k * in, ti, k, &beta,
-                                out + group * s.k * s.n * o, to, n, CUBLAS_COMPUTE_32F,
-                                CUBLAS_GEMM_DEFAULT));
+    return {s.transpose_rhs ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N, s.n, rows, s.k,
+            s.transpose_rhs ? s.k : s.n, s.k, s.n, rhs + group * s.k * s.n * in,
+            lhs + row0 * s.k * in, out + row0 * s.n * o};
   }
+  // out[g] [K,N] = lhs[rows]^T [K,m] @ rhs[rows] [m,N]
+  return {CUBLAS_OP_N, CUBLAS_OP_T, s.n, s.k, rows, s.n, s.k, s.n, rhs + row0 * s.n * in,
+          lhs + row0 * s.k * in, out + group * s.k * s.n * o};
+}
+
+ffi::Error LaunchGroup(const CublasApi& api, cublasHandle_t handle, const GroupedGemmShape& s,
+                       const GroupProblem& p) {
+  const float alpha = 1.0f, beta = 0.0f;
+  TE_ASYNC_CUBLAS(api, GemmEx(handle, p.op_a, p.op_b, p.m, p.n, p.k, &alpha, p.a, CudaType(s.in_type),
+                              p.lda, p.b, CudaType(s.in_type), p.ldb, &beta, p.c, CudaType(s.out_type),
+                              p.ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  return ffi::Error::Success();
+}
+
+// Async mode launches every group's GEMM in one cublasGemmGroupedBatchedEx call (cuBLAS 12.5+)
+// where cuBLAS has it for these types (it writes only the input type): one GEMM per group costs
+// the host about 20 us each, and from a few decode tokens that launch loop, not the GPU, sets the
+// step's time (tools/cublas_grouped_probe.py). Sync mode keeps TE's launches, one per group.
+bool OneLaunch(const CublasApi& api, const GroupedGemmShape& s, bool async_host_sizes) {
+  return async_host_sizes && !PerGroupGemms() && api.GemmGroupedBatchedEx != nullptr &&
+         s.in_type == s.out_type;
+}
+
+// The problems as groups of one (their shapes differ) in one call. cuBLAS takes the shapes from
+// host arrays and the operand pointers from device arrays, which go through XLA's scratch memory.
+ffi::Error LaunchOneCall(const CublasApi& api, cublasHandle_t handle, const GroupedGemmShape& s,
+                         const std::vector<GroupProblem>& problems, ffi::ScratchAllocator& scratch,
+                         cudaStream_t stream) {
+  const size_t count = problems.size();
+  std::vector<cublasOperation_t> op_a, op_b;
+  std::vector<int64_t> m, n, k, lda, ldb, ldc, ones(count, 1);
+  std::vector<const void*> pointers(3 * count);  // A's, then B's, then C's
+  for (size_t i = 0; i < count; ++i) {
+    const GroupProblem& p = problems[i];
+    op_a.push_back(p.op_a), op_b.push_back(p.op_b);
+    m.push_back(p.m), n.push_back(p.n), k.push_back(p.k);
+    lda.push_back(p.lda), ldb.push_back(p.ldb), ldc.push_back(p.ldc);
+    pointers[i] = p.a, pointers[count + i] = p.b, pointers[2 * count + i] = p.c;
+  }
+  std::optional<void*> device_pointers = scratch.Allocate(pointers.size() * sizeof(void*), 16);
+  if (!device_pointers) {
+    return ffi::Error::Internal("te_async: no scratch memory for the grouped GEMM's operand pointers");
+  }
+  // From pageable memory: the copy is staged before it returns, so `pointers` may go.
+  TE_ASYNC_CUDA(cudaMemcpyAsync(*device_pointers, pointers.data(), pointers.size() * sizeof(void*),
+                                cudaMemcpyHostToDevice, stream));
+  const auto** dev = static_cast<const void**>(*device_pointers);
+  const std::vector<float> alpha(count, 1.0f), beta(count, 0.0f);
+  const cudaDataType ti = CudaType(s.in_type), to = CudaType(s.out_type);
+  TE_ASYNC_CUBLAS(api, GemmGroupedBatchedEx(handle, op_a.data(), op_b.data(), m.data(), n.data(), k.data(),
+                                            alpha.data(), dev, ti, lda.data(), dev + count, ti, ldb.data(),
+                                            beta.data(), const_cast<void* const*>(dev + 2 * count), to,
+                                            ldc.data(), static_cast<int64_t>(count), ones.data(),
+                                            CUBLAS_COMPUTE_32F));
   return ffi::Error::Success();
 }
 
@@ -76,36 +131,42 @@ ffi::Error ZeroUnwritten(const GroupedGemmShape& s, const std::vector<int64_t>& 
 }
 
 ffi::Error LaunchGroups(int32_t device, const GroupedGemmShape& s, const std::vector<int64_t>& off,
-                        const ffi::AnyBuffer& lhs, const ffi::AnyBuffer& rhs, char* out, cudaStream_t stream) {
-  std::vector<int64_t> busy;  // groups with rows
+                        const ffi::AnyBuffer& lhs, const ffi::AnyBuffer& rhs, char* out,
+                        bool async_host_sizes, ffi::ScratchAllocator& scratch, cudaStream_t stream) {
+  const auto* a = static_cast<const char*>(lhs.untyped_data());
+  const auto* b = static_cast<const char*>(rhs.untyped_data());
+  std::vector<GroupProblem> problems;  // groups with rows
   for (int64_t g = 0; g < s.groups; ++g) {
-    if (off[g + 1] > off[g]) busy.push_back(g);
+    if (off[g + 1] > off[g]) problems.push_back(ProblemOf(s, g, off[g], off[g + 1] - off[g], a, b, out));
   }
-  if (busy.empty()) return ffi::Error::Success();
+  if (problems.empty()) return ffi::Error::Success();
 
   auto pool = StreamPool::ForDevice(device);
   if (pool.has_error()) return pool.error();
   StreamPool& p = **pool;
   std::lock_guard<std::mutex> lock(p.mutex());
-  const auto* a = static_cast<const char*>(lhs.untyped_data());
-  const auto* b = static_cast<const char*>(rhs.untyped_data());
-  if (busy.size() == 1) {
+  const bool one_launch = OneLaunch(p.cublas(), s, async_host_sizes);
+  if (problems.size() == 1 || one_launch) {
     auto handle = p.MainHandle(stream);
     if (handle.has_error()) return handle.error();
-    const int64_t g = busy[0];
-    return LaunchGroup(p.cublas(), *handle, s, g, off[g], off[g + 1] - off[g], a, b, out);
+    if (problems.size() == 1) {
+      ++p.stats().per_group_gemms;
+      return LaunchGroup(p.cublas(), *handle, s, problems[0]);
+    }
+    ++p.stats().grouped_calls;
+    return LaunchOneCall(p.cublas(), *handle, s, problems, scratch, stream);
   }
-  const int used = static_cast<int>(std::min<size_t>(busy.size(), StreamPool::kStreams));
+  const int used = static_cast<int>(std::min<size_t>(problems.size(), StreamPool::kStreams));
   TE_ASYNC_RETURN_IF_ERROR(p.Fork(stream, used));
-  for (size_t i = 0; i < busy.size(); ++i) {
-    const int64_t g = busy[i];
-    TE_ASYNC_RETURN_IF_ERROR(LaunchGroup(p.cublas(), p.SideHandle(static_cast<int>(i % used)), s, g,
-                                         off[g], off[g + 1] - off[g], a, b, out));
+  for (size_t i = 0; i < problems.size(); ++i) {
+    TE_ASYNC_RETURN_IF_ERROR(LaunchGroup(p.cublas(), p.SideHandle(static_cast<int>(i % used)), s, problems[i]));
   }
+  p.stats().per_group_gemms += problems.size();
   return p.Join(stream, used);
 }
 
-ffi::Error GroupedGemmCuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer lhs, ffi::AnyBuffer rhs,
+ffi::Error GroupedGemmCuda(cudaStream_t stream, int32_t device, ffi::ScratchAllocator scratch,
+                           ffi::AnyBuffer lhs, ffi::AnyBuffer rhs,
                            ffi::AnyBuffer group_sizes, ffi::Result<ffi::AnyBuffer> out,
                            ffi::Result<ffi::AnyBuffer> repair_flag, bool ragged_k, bool transpose_rhs,
                            bool async_host_sizes) {
@@ -129,14 +190,14 @@ ffi::Error GroupedGemmCuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer l
   if (PoisonOutputs()) TE_ASYNC_CUDA(cudaMemsetAsync(out_data, 0xff, out->size_bytes(), stream));  // NaN
   TE_ASYNC_RETURN_IF_ERROR(ZeroUnwritten(s, off, out_data, stream));
   if (s.k == 0 || s.n == 0) return ffi::Error::Success();  // the output is all zeros (or empty)
-  if (!*pinned) return LaunchGroups(device, s, off, lhs, rhs, out_data, stream);
+  if (!*pinned) return LaunchGroups(device, s, off, lhs, rhs, out_data, async_host_sizes, scratch, stream);
 
   // Sizes from a pinned slot: the GPU checks them against the operand and repairs a stale read.
   auto counters = CountersOnDevice(device);
   if (counters.has_error()) return counters.error();
   int* mismatch = static_cast<int*>(repair_flag->untyped_data());
   TE_ASYNC_RETURN_IF_ERROR(LaunchHostSizesGuard(sizes.data(), s.groups, device_sizes, mismatch, *counters, stream));
-  TE_ASYNC_RETURN_IF_ERROR(LaunchGroups(device, s, off, lhs, rhs, out_data, stream));
+  TE_ASYNC_RETURN_IF_ERROR(LaunchGroups(device, s, off, lhs, rhs, out_data, async_host_sizes, scratch, stream));
   auto info = QueryDevice(device);
   if (info.has_error()) return info.error();
   DeviceGemm repair = DeviceGemmOf(s, lhs, rhs, device_sizes, out_data, *info, &(*counters)->clamped_calls);
@@ -150,6 +211,7 @@ ffi::Error GroupedGemmCuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer l
 XLA_FFI_DEFINE_HANDLER_SYMBOL(kGroupedGemmCuda, GroupedGemmCuda,
                               BindHostSizedGemm(ffi::Ffi::Bind()
                                                     .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                                    .Ctx<ffi::DeviceOrdinal>()));
+                                                    .Ctx<ffi::DeviceOrdinal>()
+                                                    .Ctx<ffi::ScratchAllocator>()));
 
 }  // namespace te_async

@@ -49,6 +49,9 @@ NB_MODULE(_te_async_cuda, m) {
     d["reused"] = s.reused;
     d["reused_by_order"] = s.reused_by_order;
     d["reuse_misses"] = s.reuse_misses;
+    const te_async::CublasLaunchStats launches = te_async::StreamPool::Stats(device);
+    d["per_group_gemms"] = launches.per_group_gemms;
+    d["grouped_calls"] = launches.grouped_calls;
     return d;
   });
   m.def("device_counters", [](int device) {

@@ -22,6 +22,13 @@ ffi::ErrorOr<StreamPool*> StreamPool::ForDevice(int device) { return PerDevice<S
 
 void StreamPool::ReleaseAll() { PerDevice<StreamPool>::Instance().ReleaseAll(); }
 
+CublasLaunchStats StreamPool::Stats(int device) {
+  StreamPool* pool = PerDevice<StreamPool>::Instance().Find(device);
+  if (!pool) return {};
+  std::lock_guard<std::mutex> lock(pool->mu_);
+  return pool->stats_;
+}
+
 ffi::Error StreamPool::Init() {
   auto api = Cublas();
   if (api.has_error()) return api.error();

@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <array>
+#include <cstdint>
 #include <mutex>
 
 #include "cuda/cublas_loader.h"
@@ -17,6 +18,12 @@ namespace te_async {
 template <typename T>
 class PerDevice;
 
+// What the host-sized grouped GEMMs launched: the host's cost grows with the first.
+struct CublasLaunchStats {
+  uint64_t per_group_gemms = 0;  // cublasGemmEx calls, one per non-empty group
+  uint64_t grouped_calls = 0;    // cublasGemmGroupedBatchedEx calls, each all of a GEMM's groups
+};
+
 class StreamPool {
  public:
   static constexpr int kStreams = 4;
@@ -24,10 +31,12 @@ class StreamPool {
 
   static xla::ffi::ErrorOr<StreamPool*> ForDevice(int device);
   static void ReleaseAll();
+  static CublasLaunchStats Stats(int device);
 
   // Serialises users of this device's handles (one XLA host thread per device in practice).
   std::mutex& mutex() { return mu_; }
   const CublasApi& cublas() const { return *cublas_; }
+  CublasLaunchStats& stats() { return stats_; }  // under mutex()
 
   // The handle bound to XLA's own stream, for work that needs no fork.
   xla::ffi::ErrorOr<cublasHandle_t> MainHandle(cudaStream_t stream);
@@ -46,6 +55,7 @@ class StreamPool {
   void Release();
 
   std::mutex mu_;
+  CublasLaunchStats stats_;
   const CublasApi* cublas_ = nullptr;
   cublasHandle_t main_handle_ = nullptr;
   void* main_workspace_ = nullptr;
