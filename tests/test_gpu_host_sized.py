@@ -87,7 +87,7 @@ def test_26_layer_scan_reads_no_stale_slot(rng):
         ref = grouped_gemm_reference(grouped_gemm_reference(ref, w[i], sizes[i]), w[i], sizes[i], transpose_rhs=True)
     assert rel_error(out, ref) < 1e-4
     delta = {k: after[k] - before[k] for k in after}
-    busy = (sizes > 0).sum(axis=1)  # each layer's two GEMMs: one grouped call, or one GEMM if one group has rows
+    busy = (sizes > 0).sum(axis=1)  # each layer's two GEMMs: one grouped call (333 rows), or one GEMM if one group has rows
     assert delta == {"copies": layers, "event_waits": 2 * layers, "sync_reads": 0, "fallback_reads": 0,
                      "reused": 0, "reused_by_order": 0, "reuse_misses": 0, "repaired_reads": 0,
                      "per_group_gemms": 2 * int((busy == 1).sum()), "grouped_calls": 2 * int((busy > 1).sum())}, delta
@@ -95,16 +95,19 @@ def test_26_layer_scan_reads_no_stale_slot(rng):
 
 @pytest.mark.parametrize("ragged,transpose_rhs", FORMS)
 @pytest.mark.parametrize("dtype,out_dtype", [(jnp.bfloat16, None), (jnp.float32, None), (jnp.bfloat16, jnp.float32)])
-def test_launches_per_mode(rng, ragged, transpose_rhs, dtype, out_dtype):
-    """Async mode sends a GEMM's groups to cuBLAS in one grouped call; sync mode launches one GEMM
-    per non-empty group, as TE does; an output type the grouped call cannot write (bf16 in, f32
-    out) falls back to one GEMM per group. Each result against the float64 reference."""
-    sizes = np.array([37, 0, 1, 90, 0, 13, 5], np.int32)  # 5 non-empty groups, rows left over
-    rows, k, n = 150, 72, 40
+@pytest.mark.parametrize("sizes", [[37, 0, 1, 90, 0, 13, 5], [300, 0, 280, 0, 290]], ids=["small", "large"])
+def test_launches_per_mode(rng, ragged, transpose_rhs, dtype, out_dtype, sizes):
+    """Async mode sends a GEMM's small groups to cuBLAS in one grouped call; sync mode launches one
+    GEMM per non-empty group, as TE does, and so does async for groups past the one call's limit
+    (256 rows on average for ragged m, 64 for ragged k) or an output type the grouped call cannot
+    write (bf16 in, f32 out). Each result against the float64 reference, rows left over."""
+    sizes = np.array(sizes, np.int32)
+    rows, k, n = int(sizes.sum()) + 4, 72, 40
     lhs, rhs = gemm_operands(rng, dtype, len(sizes), rows, k, n, ragged, transpose_rhs)
     args = on_gpu(lhs), on_gpu(rhs), on_gpu(jnp.asarray(sizes))
     ref = grouped_gemm_reference(lhs, rhs, sizes, ragged, transpose_rhs)
-    one_call = out_dtype is None
+    busy = int((sizes > 0).sum())
+    one_call = out_dtype is None and sizes.sum() <= (64 if ragged == "k" else 256) * busy
     for mode, grouped in (("sync", False), ("async", one_call)):
         f = jax.jit(lambda a, b, s: te_async.grouped_gemm(a, b, s, ragged=ragged, transpose_rhs=transpose_rhs,
                                                           group_sizes_mode=mode, preferred_element_type=out_dtype))
@@ -114,7 +117,7 @@ def test_launches_per_mode(rng, ragged, transpose_rhs, dtype, out_dtype):
         after = te_async.host_size_stats(0)
         launches = {key: after[key] - before[key] for key in ("per_group_gemms", "grouped_calls")}
         assert launches == ({"per_group_gemms": 0, "grouped_calls": 1} if grouped else
-                            {"per_group_gemms": 5, "grouped_calls": 0}), (mode, launches)
+                            {"per_group_gemms": busy, "grouped_calls": 0}), (mode, launches)
         assert out.dtype == (out_dtype or dtype)
         assert rel_error(out, ref) < TOL[dtype], mode
 

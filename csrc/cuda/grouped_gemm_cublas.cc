@@ -69,12 +69,18 @@ ffi::Error LaunchGroup(const CublasApi& api, cublasHandle_t handle, const Groupe
 }
 
 // Async mode launches every group's GEMM in one cublasGemmGroupedBatchedEx call (cuBLAS 12.5+)
-// where cuBLAS has it for these types (it writes only the input type): one GEMM per group costs
-// the host about 20 us each, and from a few decode tokens that launch loop, not the GPU, sets the
-// step's time (tools/cublas_grouped_probe.py). Sync mode keeps TE's launches, one per group.
-bool OneLaunch(const CublasApi& api, const GroupedGemmShape& s, bool async_host_sizes) {
+// where cuBLAS has it for these types (it writes only the input type) and the groups are small:
+// one GEMM per group costs the host 10 to 20 us, and from a few decode tokens that launch loop, not
+// the GPU, sets the step's time; but the grouped call runs an sm80-class kernel, which at training
+// sizes computes at about half the rate of the per-group GEMMs (tools/host_gemm_crossover.py,
+// 64 groups at DeepSeek-V2-Lite's shapes: one call was faster up to 256 rows per group for ragged
+// m and up to 64 for ragged k, slower at 384 and 128). Sync mode keeps TE's launches.
+bool OneLaunch(const CublasApi& api, const GroupedGemmShape& s, bool async_host_sizes,
+               const std::vector<GroupProblem>& problems, int64_t rows_in_groups) {
+  const int64_t max_mean_rows = s.ragged_k ? 64 : 256;
   return async_host_sizes && !PerGroupGemms() && api.GemmGroupedBatchedEx != nullptr &&
-         s.in_type == s.out_type;
+         s.in_type == s.out_type && problems.size() > 1 &&
+         rows_in_groups <= max_mean_rows * static_cast<int64_t>(problems.size());
 }
 
 // The problems as groups of one (their shapes differ) in one call. cuBLAS takes the shapes from
@@ -145,16 +151,16 @@ ffi::Error LaunchGroups(int32_t device, const GroupedGemmShape& s, const std::ve
   if (pool.has_error()) return pool.error();
   StreamPool& p = **pool;
   std::lock_guard<std::mutex> lock(p.mutex());
-  const bool one_launch = OneLaunch(p.cublas(), s, async_host_sizes);
+  const bool one_launch = OneLaunch(p.cublas(), s, async_host_sizes, problems, off[s.groups]);
   if (problems.size() == 1 || one_launch) {
     auto handle = p.MainHandle(stream);
     if (handle.has_error()) return handle.error();
-    if (problems.size() == 1) {
-      ++p.stats().per_group_gemms;
-      return LaunchGroup(p.cublas(), *handle, s, problems[0]);
+    if (one_launch) {
+      ++p.stats().grouped_calls;
+      return LaunchOneCall(p.cublas(), *handle, s, problems, scratch, stream);
     }
-    ++p.stats().grouped_calls;
-    return LaunchOneCall(p.cublas(), *handle, s, problems, scratch, stream);
+    ++p.stats().per_group_gemms;
+    return LaunchGroup(p.cublas(), *handle, s, problems[0]);
   }
   const int used = static_cast<int>(std::min<size_t>(problems.size(), StreamPool::kStreams));
   TE_ASYNC_RETURN_IF_ERROR(p.Fork(stream, used));
