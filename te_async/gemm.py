@@ -2,8 +2,9 @@
 
 The handlers are in csrc/: csrc/cpu/grouped_gemm_cpu.cc on the CPU; on CUDA,
 csrc/cuda/grouped_gemm_cublas.cc for the host-sized modes (one cuBLAS GEMM per non-empty group
-over side streams; in async mode one grouped cuBLAS call where the groups are small) and csrc/cuda/grouped_gemm_device.cc for device mode, whose plan (kernel,
-CUTLASS config, workspace) te_async/plan.py makes here, at trace time.
+over side streams; in async mode one grouped cuBLAS call where the groups are small) and
+csrc/cuda/grouped_gemm_device.cc for device mode, whose plan (kernel, CUTLASS config, workspace)
+te_async/plan.py makes here, at trace time.
 """
 
 import functools

@@ -57,8 +57,8 @@ ffi::ErrorOr<const CublasApi*> Cublas() {
     Resolve(lib, "cublasGemmEx_64", api.GemmEx, missing);
     Resolve(lib, "cublasGetStatusString", api.StatusString, missing);
     if (!missing.empty()) error = "te_async: cuBLAS lacks symbols: " + missing;
-    std::string optional;
-    Resolve(lib, "cublasGemmGroupedBatchedEx_64", api.GemmGroupedBatchedEx, optional);
+    std::string absent_before_12_5;  // then GemmGroupedBatchedEx stays null: not an error
+    Resolve(lib, "cublasGemmGroupedBatchedEx_64", api.GemmGroupedBatchedEx, absent_before_12_5);
   });
   if (!error.empty()) return ffi::Unexpected(ffi::Error::Internal(error));
   return &api;
