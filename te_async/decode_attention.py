@@ -129,11 +129,26 @@ def kernel_applies(q, keys, values, q_rope) -> bool:
             and h // hkv * t <= module.DECODE_ATTENTION_MAX_ROWS)
 
 
-def splits_for(blocks: int, max_len: int) -> int:
-    """Key chunks per (sequence, kv head): about two blocks per SM in all, at least MIN_CHUNK keys
-    each (every split adds its partial output to the merge's reads)."""
-    want = min(_ffi.cuda_module().DECODE_ATTENTION_MAX_SPLITS, math.ceil(max_len / MIN_CHUNK),
-               max(1, math.ceil(2 * plan.local_sm_count() / blocks)))
+@functools.lru_cache(maxsize=None)
+def _blocks_per_sm(score_dims: int, value_dims: int, values_are_keys: bool) -> int:
+    """Blocks of the kernel for this head shape that one SM holds at once (the CUDA occupancy query)."""
+    return _ffi.cuda_module().decode_attention_blocks_per_sm(score_dims, value_dims, values_are_keys)
+
+
+def splits_for(blocks: int, max_len: int, score_dims: int, value_dims: int, values_are_keys: bool) -> int:
+    """Key chunks per (sequence, kv head) on the local GPUs."""
+    return split_count(blocks, max_len, plan.local_sm_count(), _blocks_per_sm(score_dims, value_dims, values_are_keys),
+                       _ffi.cuda_module().DECODE_ATTENTION_MAX_SPLITS)
+
+
+def split_count(blocks: int, max_len: int, sm_count: int, resident: int, max_splits: int) -> int:
+    """Key chunks per (sequence, kv head) for `blocks` such pairs: about two blocks per SM in all, but
+    no more than one wave of the `resident` blocks an SM holds (a partial second wave costs about
+    as much as the first: DeepSeek-V2-Lite's MLA at B=64, 2 resident, took 233 us of GPU time per
+    layer in 5 splits, 1.2 waves, and 165 in 4; docs/benchmarks.md, "One wave of key splits"), and
+    at least MIN_CHUNK keys each (every split adds its partial output to the merge's reads)."""
+    want = min(max_splits, math.ceil(max_len / MIN_CHUNK), math.ceil(2 * sm_count / blocks),
+               max(1, resident * sm_count // blocks))
     chunk = math.ceil(math.ceil(max_len / want) / KEY_TILE) * KEY_TILE
     return math.ceil(max_len / chunk)
 
@@ -145,7 +160,7 @@ def _kernel(q, keys, values, position, layer, q_rope=None, key_rope=None, *, sca
     if q_rope is None:
         q_rope, key_rope = jnp.zeros((b, t, h, 0), q.dtype), jnp.zeros(keys.shape[:4] + (0,), keys.dtype)
     dv = keys.shape[-1] if values_are_keys else values.shape[-1]
-    splits = splits_for(b * hkv, n)
+    splits = splits_for(b * hkv, n, keys.shape[-1] + q_rope.shape[-1], dv, values_are_keys)
     rows = _ffi.cuda_module().DECODE_ATTENTION_MAX_ROWS
     out, _ = jax.ffi.ffi_call(DECODE_ATTENTION, (jax.ShapeDtypeStruct((b, t, h, dv), q.dtype),
                                                  jax.ShapeDtypeStruct((splits, b * hkv, rows, dv + 2), jnp.float32)))(

@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 
 import te_async.models as models
+from te_async import _ffi
 from te_async import decode_attention as da
+from te_async import plan
 from te_async import mla_decode as md
 from te_async.decode_attention import decode_attention
 
@@ -121,6 +123,37 @@ def test_kernel_refuses_what_it_cannot_run(rng):
     with pytest.raises(ValueError, match="kernel='te_async' needs"):
         call(make(rng, heads=4, kv_heads=2, dk=64, dr=0, dv=64, dtype=jnp.bfloat16), 3, 0, 0.1, kernel="te_async",
              jit=False)
+
+
+@pytest.mark.parametrize("pairs,resident,max_len,splits", [
+    (1, 2, 4096, 64),    # DeepSeek-V2-Lite's MLA at B=1: 64 keys a split (MIN_CHUNK)
+    (8, 2, 4096, 32),    # B=8: 256 blocks of 128 keys
+    (64, 2, 4096, 4),    # B=64: 256 blocks, one wave of 2 per SM; 5 splits (1.2 waves) before
+    (64, 5, 4096, 5),    # a shape of which an SM holds 5 keeps about two blocks per SM
+    (256, 5, 4096, 2),   # Qwen3-30B-A3B's 4 kv heads at B=64: 512 blocks, within one wave of 5
+    (1000, 2, 4096, 1),  # more pairs than a wave: one split each
+    (3, 2, 100, 2),      # short caches: whole tiles, no split without keys
+    (1, 2, 70, 2),
+])
+def test_split_count(pairs, resident, max_len, splits):
+    """The key splits on an H200 (132 SMs): about two blocks per SM, never past one wave of resident
+    blocks, at least MIN_CHUNK keys a split, whole tiles."""
+    got = da.split_count(pairs, max_len, 132, resident, 256)
+    assert got == splits
+    chunk = -(-(-(-max_len // got)) // da.KEY_TILE) * da.KEY_TILE  # the kernel's keys per split
+    assert (got - 1) * chunk < max_len and pairs * got <= max(resident * 132, pairs)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape,resident", [(MLA, 2), (GQA, 5)], ids=["mla", "gqa"])
+def test_blocks_per_sm(shape, resident):
+    """The occupancy query the splits are sized by, for the two head shapes (on an H200: MLA's 97 KB
+    of shared memory per block give 2, the 128-dim heads' shared memory 5)."""
+    if {cc for cc, _ in plan.local_gpu_kinds()} != {90}:
+        pytest.skip("the figures are those of compute capability 9.0 (228 KB of shared memory per SM)")
+    dims = (shape["dk"] + shape["dr"], shape["dv"] or shape["dk"], shape["dv"] is None)
+    assert da._blocks_per_sm(*dims) == resident
+    assert _ffi.cuda_module().decode_attention_blocks_per_sm(64, 64, False) == 0  # no kernel for this shape
 
 
 # ---- the CUDA kernel ----

@@ -17,7 +17,9 @@
 
 #include <cmath>
 #include <iterator>
+#include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "cuda/attention_tile.cuh"
 #include "cuda/cuda_check.h"
@@ -159,15 +161,36 @@ __global__ void __launch_bounds__(kThreads) CombineKernel(Args a, int splits) {
   out[col + 2] = __float2bfloat16(acc.z / total), out[col + 3] = __float2bfloat16(acc.w / total);
 }
 
+// The split kernel of a shape, allowed its shared memory (before a launch or an occupancy query).
+template <int DQ, int DV, bool kValuesAreKeys>
+cudaError_t AllowSharedMemory() {
+  return cudaFuncSetAttribute(DecodeAttentionKernel<DQ, DV, kValuesAreKeys>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              static_cast<int>(Layout<DQ, DV, kValuesAreKeys>::kBytes));
+}
+
 template <int DQ, int DV, bool kValuesAreKeys>
 ffi::Error Launch(cudaStream_t stream, const Args& a, int splits) {
-  using L = Layout<DQ, DV, kValuesAreKeys>;
-  auto kernel = DecodeAttentionKernel<DQ, DV, kValuesAreKeys>;
-  TE_ASYNC_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(L::kBytes)));
-  kernel<<<dim3(splits, a.batch * a.kv_heads), kThreads, L::kBytes, stream>>>(a);
+  TE_ASYNC_CUDA((AllowSharedMemory<DQ, DV, kValuesAreKeys>()));
+  DecodeAttentionKernel<DQ, DV, kValuesAreKeys>
+      <<<dim3(splits, a.batch * a.kv_heads), kThreads, Layout<DQ, DV, kValuesAreKeys>::kBytes, stream>>>(a);
   TE_ASYNC_CUDA(cudaGetLastError());
   CombineKernel<DV><<<dim3(a.batch * a.kv_heads, kRows, DV / kMergeColumns), kThreads, 0, stream>>>(a, splits);
   return CudaStatus(cudaGetLastError(), "launch of the decode attention's CombineKernel");
+}
+
+template <int I>
+using ShapeAt = std::integral_constant<int, I>;
+
+// found(ShapeAt<i>{}) for the instantiated shape i of these dims, none() where no kernel takes them.
+template <typename Found, typename None>
+auto WithShape(int score_dims, int value_dims, bool values_are_keys, Found found, None none) {
+  static_assert(std::size(kDecodeAttentionShapes) == 2, "one case per instantiated shape");
+  const auto is = [&](const DecodeAttentionShape& s) {
+    return score_dims == s.score_dims && value_dims == s.value_dims && values_are_keys == s.values_are_keys;
+  };
+  if (is(kDecodeAttentionShapes[0])) return found(ShapeAt<0>{});
+  if (is(kDecodeAttentionShapes[1])) return found(ShapeAt<1>{});
+  return none();
 }
 
 ffi::Error DecodeAttention(cudaStream_t stream, ffi::Buffer<ffi::BF16> q, ffi::Buffer<ffi::BF16> q_rope,
@@ -218,18 +241,42 @@ ffi::Error DecodeAttention(cudaStream_t stream, ffi::Buffer<ffi::BF16> q, ffi::B
   a.chunk = static_cast<int>(((max_len + splits - 1) / splits + kKeys - 1) / kKeys * kKeys);
   if (PoisonOutputs()) TE_ASYNC_CUDA(cudaMemsetAsync(out->untyped_data(), 0xff, out->size_bytes(), stream));
   if (out->element_count() == 0) return ffi::Error::Success();
-  const auto is = [&](const DecodeAttentionShape& s) {
-    return dk + dr == s.score_dims && dv == s.value_dims && values_are_keys == s.values_are_keys;
-  };
-  static_assert(std::size(kDecodeAttentionShapes) == 2, "one Launch per instantiated shape");
-  constexpr auto mla = kDecodeAttentionShapes[0], gqa = kDecodeAttentionShapes[1];
-  if (is(mla)) return Launch<mla.score_dims, mla.value_dims, mla.values_are_keys>(stream, a, splits);
-  if (is(gqa)) return Launch<gqa.score_dims, gqa.value_dims, gqa.values_are_keys>(stream, a, splits);
-  return bad("no kernel for score dims " + std::to_string(dk + dr) + ", value dims " + std::to_string(dv) +
-             (values_are_keys ? " with the values the keys" : "") + " (te_async._ffi.cuda_module().DECODE_ATTENTION_SHAPES)");
+  return WithShape(
+      static_cast<int>(dk + dr), static_cast<int>(dv), values_are_keys,
+      [&](auto i) {
+        constexpr DecodeAttentionShape s = kDecodeAttentionShapes[decltype(i)::value];
+        return Launch<s.score_dims, s.value_dims, s.values_are_keys>(stream, a, splits);
+      },
+      [&] {
+        return bad("no kernel for score dims " + std::to_string(dk + dr) + ", value dims " + std::to_string(dv) +
+                   (values_are_keys ? " with the values the keys" : "") +
+                   " (te_async._ffi.cuda_module().DECODE_ATTENTION_SHAPES)");
+      });
 }
 
 }  // namespace
+
+int DecodeAttentionBlocksPerSm(int score_dims, int value_dims, bool values_are_keys) {
+  const auto check = [](cudaError_t status, const char* what) {
+    if (status != cudaSuccess) {
+      throw std::runtime_error(std::string("te_async decode_attention: ") + what + " failed: " +
+                               cudaGetErrorName(status) + ": " + cudaGetErrorString(status));
+    }
+  };
+  return WithShape(
+      score_dims, value_dims, values_are_keys,
+      [&](auto i) {
+        constexpr DecodeAttentionShape s = kDecodeAttentionShapes[decltype(i)::value];
+        check(AllowSharedMemory<s.score_dims, s.value_dims, s.values_are_keys>(), "cudaFuncSetAttribute");
+        int blocks = 0;
+        check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                  &blocks, DecodeAttentionKernel<s.score_dims, s.value_dims, s.values_are_keys>, kThreads,
+                  Layout<s.score_dims, s.value_dims, s.values_are_keys>::kBytes),
+              "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+        return blocks;
+      },
+      [] { return 0; });
+}
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(kDecodeAttentionCuda, DecodeAttention,
                               ffi::Ffi::Bind()

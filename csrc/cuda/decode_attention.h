@@ -16,4 +16,9 @@ struct DecodeAttentionShape {
 // MLA with DeepSeek-V2's latent (512) and rope key (64); grouped-query attention with heads of 128.
 inline constexpr DecodeAttentionShape kDecodeAttentionShapes[] = {{576, 512, true}, {128, 128, false}};
 
+// Blocks of the split kernel for these dims that one SM of the current device holds at once (0
+// where no kernel takes them): te_async/decode_attention.py keeps the key splits within one wave
+// of them. A CUDA failure throws std::runtime_error naming the call.
+int DecodeAttentionBlocksPerSm(int score_dims, int value_dims, bool values_are_keys);
+
 }  // namespace te_async

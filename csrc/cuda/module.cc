@@ -114,6 +114,8 @@ NB_MODULE(_te_async_cuda, m) {
     attention_shapes.append(nb::make_tuple(s.score_dims, s.value_dims, s.values_are_keys));
   }
   m.attr("DECODE_ATTENTION_SHAPES") = attention_shapes;
+  m.def("decode_attention_blocks_per_sm", &te_async::DecodeAttentionBlocksPerSm, nb::arg("score_dims"),
+        nb::arg("value_dims"), nb::arg("values_are_keys"));
   constexpr auto mla = te_async::kMlaDecodeDims;  // (nope, rope, latent, value) of the fused MLA kernel
   m.attr("MLA_DECODE_DIMS") = nb::make_tuple(mla.nope, mla.rope, mla.latent, mla.value);
   m.attr("MLA_DECODE_MAX_SPLITS") = te_async::kMlaDecodeMaxSplits;
