@@ -145,8 +145,8 @@ def split_count(blocks: int, max_len: int, sm_count: int, resident: int, max_spl
     """Key chunks per (sequence, kv head) for `blocks` such pairs: about two blocks per SM in all, but
     no more than one wave of the `resident` blocks an SM holds (a partial second wave costs about
     as much as the first: DeepSeek-V2-Lite's MLA at B=64, 2 resident, took 233 us of GPU time per
-    layer in 5 splits, 1.2 waves, and 165 in 4; docs/benchmarks.md, "One wave of key splits"), and
-    at least MIN_CHUNK keys each (every split adds its partial output to the merge's reads)."""
+    layer in 5 splits, 1.2 waves, and 165 in 4; docs/benchmarks.md, table AW), and at least
+    MIN_CHUNK keys each (every split adds its partial output to the merge's reads)."""
     want = min(max_splits, math.ceil(max_len / MIN_CHUNK), math.ceil(2 * sm_count / blocks),
                max(1, resident * sm_count // blocks))
     chunk = math.ceil(math.ceil(max_len / want) / KEY_TILE) * KEY_TILE

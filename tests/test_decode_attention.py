@@ -12,8 +12,8 @@ import pytest
 import te_async.models as models
 from te_async import _ffi
 from te_async import decode_attention as da
-from te_async import plan
 from te_async import mla_decode as md
+from te_async import plan
 from te_async.decode_attention import decode_attention
 
 MLA = dict(heads=16, kv_heads=1, dk=512, dr=64, dv=None)  # DeepSeek-V2(-Lite): latent 512, rope key 64
