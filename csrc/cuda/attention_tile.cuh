@@ -116,18 +116,50 @@ __device__ __forceinline__ void AttendChunk(const KeyRows& src, int first, int l
   float* s_rescale = s_sum + kRows;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
 
+  // Thread tid copies chunks tid, tid + kThreads, ... of a tile's key rows (DQ / 8 chunks of 16 bytes:
+  // dk / 8 of k, then dr / 8 of the rope key) and of its value rows (DV / 8). A chunk's key and dims
+  // are the same in every tile, so where each copy reads, relative to the tile's first key row, is
+  // worked out once here, and a tile's copy adds that offset to one of the tile's row pointers.
+  // (Worked out per copy, the division, the 64-bit products and the branch between k and the rope
+  // key took about 35 instructions a copy, most of the kernel's issue slots at MLA's 18 copies per
+  // thread and tile.) The offsets are 32-bit: kKeys Hkv (dk + dr + dv) fits (decode_attention.cu).
+  constexpr int kKeyChunks = DQ / 8, kKeyCopies = kKeys * kKeyChunks / kThreads;
+  constexpr int kValueChunks = DV / 8, kValueCopies = kValuesAreKeys ? 1 : kKeys * kValueChunks / kThreads;
+  static_assert(kKeys * kKeyChunks % kThreads == 0 && kKeyCopies <= 32 &&
+                    (kValuesAreKeys || kKeys * kValueChunks % kThreads == 0),
+                "whole copies per thread, at most 32 of key rows");
+  unsigned key_from[kKeyCopies], value_from[kValueCopies], rope_copies = 0;  // bit j: copy j reads the rope key
+#pragma unroll
+  for (int j = 0; j < kKeyCopies; ++j) {
+    const int c = tid + j * kThreads, key = c / kKeyChunks, d = c % kKeyChunks * 8;
+    const bool rope = d >= src.dk;
+    key_from[j] = rope ? key * src.stride * src.dr + d - src.dk : key * src.stride * src.dk + d;
+    rope_copies |= static_cast<unsigned>(rope) << j;
+  }
+  if constexpr (!kValuesAreKeys) {
+#pragma unroll
+    for (int j = 0; j < kValueCopies; ++j) {
+      const int c = tid + j * kThreads;
+      value_from[j] = c / kValueChunks * src.stride * DV + c % kValueChunks * 8;
+    }
+  }
   auto load_tile = [&](int start, int buffer) {
-    for (int c = tid; c < kKeys * (DQ / 8); c += kThreads) {
-      const int key = c / (DQ / 8), d = c % (DQ / 8) * 8, n = start + key;
-      const size_t row = src.row0 + static_cast<size_t>(n) * src.stride;
-      const bf16* from = n >= last ? src.k : d < src.dk ? src.k + row * src.dk + d : src.k_rope + row * src.dr + d - src.dk;
-      CopyAsync16(sk + buffer * L::kKTile + key * L::kQStride + d, from, n < last);
+    const size_t row = src.row0 + static_cast<size_t>(start) * src.stride;
+    const bf16 *k_rows = src.k + row * src.dk, *rope_rows = src.k_rope + row * src.dr;
+#pragma unroll
+    for (int j = 0; j < kKeyCopies; ++j) {
+      const int c = tid + j * kThreads, key = c / kKeyChunks, valid = start + key < last;
+      const bf16* rows = rope_copies >> j & 1 ? rope_rows : k_rows;
+      CopyAsync16(sk + buffer * L::kKTile + key * L::kQStride + c % kKeyChunks * 8, valid ? rows + key_from[j] : src.k,
+                  valid);
     }
     if constexpr (!kValuesAreKeys) {
-      for (int c = tid; c < kKeys * (DV / 8); c += kThreads) {
-        const int key = c / (DV / 8), d = c % (DV / 8) * 8, n = start + key;
-        const size_t row = src.row0 + static_cast<size_t>(n) * src.stride;
-        CopyAsync16(sv + buffer * L::kVTile + key * L::kVStride + d, n < last ? src.v + row * DV + d : src.v, n < last);
+      const bf16* v_rows = src.v + row * DV;
+#pragma unroll
+      for (int j = 0; j < kValueCopies; ++j) {
+        const int c = tid + j * kThreads, key = c / kValueChunks, valid = start + key < last;
+        CopyAsync16(sv + buffer * L::kVTile + key * L::kVStride + c % kValueChunks * 8,
+                    valid ? v_rows + value_from[j] : src.v, valid);
       }
     }
     CommitCopies();

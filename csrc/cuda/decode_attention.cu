@@ -16,6 +16,7 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <cstdint>
 #include <iterator>
 #include <stdexcept>
 #include <string>
@@ -52,6 +53,7 @@ struct Args {
 template <int DQ, int DV, bool kValuesAreKeys>
 __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(Args a) {
   using L = Layout<DQ, DV, kValuesAreKeys>;
+  static_assert(uint64_t{kKeys} * 65535 * (DQ + DV) <= UINT32_MAX, "a tile's copy offsets fit 32 bits at Hkv <= 65535");
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* sq = reinterpret_cast<bf16*>(smem + L::kQ);
   const float* s_max = reinterpret_cast<const float*>(smem + L::kStats);
