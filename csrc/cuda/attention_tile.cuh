@@ -121,8 +121,8 @@ __device__ __forceinline__ void AttendChunk(const KeyRows& src, int first, int l
   // are the same in every tile, so where each copy reads, relative to the tile's first key row, is
   // worked out once here, and a tile's copy adds that offset to one of the tile's row pointers.
   // (Worked out per copy, the division, the 64-bit products and the branch between k and the rope
-  // key took about 35 instructions a copy, most of the kernel's issue slots at MLA's 18 copies per
-  // thread and tile.) The offsets are 32-bit: kKeys Hkv (dk + dr + dv) fits (decode_attention.cu).
+  // key took about 35 instructions a copy, more than half of a tile's instructions at MLA's 18
+  // copies per thread and tile; now about 17, docs/benchmarks.md table AL.) The offsets are 32-bit: kKeys Hkv (dk + dr + dv) fits (decode_attention.cu).
   constexpr int kKeyChunks = DQ / 8, kKeyCopies = kKeys * kKeyChunks / kThreads;
   constexpr int kValueChunks = DV / 8, kValueCopies = kValuesAreKeys ? 1 : kKeys * kValueChunks / kThreads;
   static_assert(kKeys * kKeyChunks % kThreads == 0 && kKeyCopies <= 32 &&
