@@ -73,9 +73,9 @@ def decode_attention(q: jax.Array, keys: jax.Array, values: Optional[jax.Array],
         return decode_attention_reference(*args, **opts)
     if kernel == "te_async":
         if not (applies and plan.on_gpu()):
-            raise ValueError(f"kernel='te_async' needs a GPU, bf16 operands, (score dims, value dims, values are keys) in "
-                             f"{_shapes()} and at most {_max_rows()} query heads per kv head x new tokens; got q "
-                             f"{q.dtype} {q.shape}, keys {keys.shape}")
+            raise ValueError(f"kernel='te_async' needs a GPU, bf16 operands, (key dims, rope dims, value dims, values "
+                             f"are keys) in {_shapes()} and at most {_max_rows()} query heads per kv head x new "
+                             f"tokens; got q {q.dtype} {q.shape}, keys {keys.shape}")
         return _kernel(*args, **opts)
     return jax.lax.platform_dependent(*args, cuda=functools.partial(_kernel, **opts),
                                       default=functools.partial(decode_attention_reference, **opts))
@@ -124,20 +124,21 @@ def kernel_applies(q, keys, values, q_rope) -> bool:
     dr = 0 if q_rope is None else q_rope.shape[-1]
     dv = dk if values is None else values.shape[-1]
     operands = [q, keys] + [x for x in (values, q_rope) if x is not None]
-    return (all(x.dtype == jnp.bfloat16 for x in operands) and b * hkv <= 65535 and dk % 8 == 0 and dr % 8 == 0
-            and (dk + dr, dv, values is None) in module.DECODE_ATTENTION_SHAPES
+    return (all(x.dtype == jnp.bfloat16 for x in operands) and b * hkv <= 65535
+            and (dk, dr, dv, values is None) in module.DECODE_ATTENTION_SHAPES
             and h // hkv * t <= module.DECODE_ATTENTION_MAX_ROWS)
 
 
 @functools.lru_cache(maxsize=None)
-def _blocks_per_sm(score_dims: int, value_dims: int, values_are_keys: bool) -> int:
-    """Blocks of the kernel for this head shape that one SM holds at once (the CUDA occupancy query)."""
-    return _ffi.cuda_module().decode_attention_blocks_per_sm(score_dims, value_dims, values_are_keys)
+def _blocks_per_sm(shape: tuple) -> int:
+    """Blocks of the kernel for this head shape, (key dims, rope dims, value dims, values are keys),
+    that one SM holds at once (the CUDA occupancy query)."""
+    return _ffi.cuda_module().decode_attention_blocks_per_sm(*shape)
 
 
-def splits_for(blocks: int, max_len: int, score_dims: int, value_dims: int, values_are_keys: bool) -> int:
-    """Key chunks per (sequence, kv head) on the local GPUs."""
-    return split_count(blocks, max_len, plan.local_sm_count(), _blocks_per_sm(score_dims, value_dims, values_are_keys),
+def splits_for(blocks: int, max_len: int, shape: tuple) -> int:
+    """Key chunks per (sequence, kv head) on the local GPUs, for a head shape of DECODE_ATTENTION_SHAPES."""
+    return split_count(blocks, max_len, plan.local_sm_count(), _blocks_per_sm(shape),
                        _ffi.cuda_module().DECODE_ATTENTION_MAX_SPLITS)
 
 
@@ -160,7 +161,7 @@ def _kernel(q, keys, values, position, layer, q_rope=None, key_rope=None, *, sca
     if q_rope is None:
         q_rope, key_rope = jnp.zeros((b, t, h, 0), q.dtype), jnp.zeros(keys.shape[:4] + (0,), keys.dtype)
     dv = keys.shape[-1] if values_are_keys else values.shape[-1]
-    splits = splits_for(b * hkv, n, keys.shape[-1] + q_rope.shape[-1], dv, values_are_keys)
+    splits = splits_for(b * hkv, n, (keys.shape[-1], q_rope.shape[-1], dv, values_are_keys))
     rows = _ffi.cuda_module().DECODE_ATTENTION_MAX_ROWS
     out, _ = jax.ffi.ffi_call(DECODE_ATTENTION, (jax.ShapeDtypeStruct((b, t, h, dv), q.dtype),
                                                  jax.ShapeDtypeStruct((splits, b * hkv, rows, dv + 2), jnp.float32)))(

@@ -151,9 +151,10 @@ def test_blocks_per_sm(shape, resident):
     of shared memory per block give 2, the 128-dim heads' shared memory 5)."""
     if {cc for cc, _ in plan.local_gpu_kinds()} != {90}:
         pytest.skip("the figures are those of compute capability 9.0 (228 KB of shared memory per SM)")
-    dims = (shape["dk"] + shape["dr"], shape["dv"] or shape["dk"], shape["dv"] is None)
-    assert da._blocks_per_sm(*dims) == resident
-    assert _ffi.cuda_module().decode_attention_blocks_per_sm(64, 64, False) == 0  # no kernel for this shape
+    dims = (shape["dk"], shape["dr"], shape["dv"] or shape["dk"], shape["dv"] is None)
+    assert da._blocks_per_sm(dims) == resident
+    assert _ffi.cuda_module().decode_attention_blocks_per_sm(64, 0, 64, False) == 0  # no kernel for this shape
+    assert _ffi.cuda_module().decode_attention_blocks_per_sm(448, 128, 448, True) == 0  # 576 score dims split otherwise
 
 
 # ---- the CUDA kernel ----

@@ -12,6 +12,7 @@
 
 #include <cmath>
 #include <cstddef>
+#include <type_traits>
 
 #include "cuda/decode_attention.h"
 
@@ -81,12 +82,33 @@ struct Layout {
                 "value columns in pairs of n-tiles per warp");
 };
 
-// Where the keys lie: key n's row is row0 + n * stride of k (dk dims), k_rope (dr) and v (DV).
+// Where the keys lie: key n's row is row0 + n * stride of k (DK dims), k_rope (DR) and v (DV).
 struct KeyRows {
   const bf16 *k, *k_rope, *v;
   size_t row0, stride;
-  int dk, dr;
 };
+
+// Copies this thread's 16-byte chunks of a tile's kKeys rows of kDims dims from `array` (key n's row
+// at (row0 + n stride) kDims) to `to` (kToStride bf16 per row): chunk tid % (kDims / 8) of rows
+// tid / (kDims / 8) + i kThreads / (kDims / 8), so that each copy's shared address is the thread's
+// first plus a constant and its global one the thread's first plus i times one stride: about 6
+// instructions a copy. (Copying chunk tid + i kThreads of a whole key row took about 35, more than
+// half of a tile's instructions; docs/benchmarks.md, table AL.) kFull: every key of the tile
+// exists, so only a chunk's last tile tests them; a key past `last` is zero-filled.
+template <int kDims, int kToStride, int kKeys, int kThreads, bool kFull>
+__device__ __forceinline__ void CopyRows(const bf16* array, size_t row0, size_t stride, int start, int last, bf16* to) {
+  constexpr int kChunks = kDims / 8, kRowsPerPass = kThreads / kChunks, kCopies = kKeys / kRowsPerPass;
+  static_assert(kThreads % kChunks == 0 && kKeys % kRowsPerPass == 0, "whole rows per pass, whole passes per tile");
+  const int key = threadIdx.x / kChunks, d = threadIdx.x % kChunks * 8;
+  const bf16* from = array + (row0 + static_cast<size_t>(start + key) * stride) * kDims + d;
+  const size_t step = kRowsPerPass * stride * kDims;
+  to += key * kToStride + d;
+#pragma unroll
+  for (int i = 0; i < kCopies; ++i) {
+    const bool valid = kFull || start + key + i * kRowsPerPass < last;
+    CopyAsync16(to + i * kRowsPerPass * kToStride, valid ? from + i * step : array, valid);
+  }
+}
 
 // Which keys a query row sees: row r < rows is a query at position + r / group, which sees keys
 // n <= that position (and n > it - window, for window > 0).
@@ -99,10 +121,11 @@ struct Visibility {
 // (w + 1) DV / kWarps); o[j][e] is row g (+8 for e >= 2), column 8 j + 2 t4 (+1 for odd e) of them,
 // g = lane / 4, t4 = lane % 4), and the floats at Layout::kStats each row's running max (log2
 // units, -inf where no key was seen) and sum. first >= last leaves o zero and the max -inf.
-template <int DQ, int DV, bool kValuesAreKeys, int kWarps>
+template <int DK, int DR, int DV, bool kValuesAreKeys, int kWarps>
 __device__ __forceinline__ void AttendChunk(const KeyRows& src, int first, int last, const Visibility& vis,
                                             float scale_log2, unsigned char* smem,
-                                            float (&o)[Layout<DQ, DV, kValuesAreKeys, kWarps>::kValueTiles][4]) {
+                                            float (&o)[Layout<DK + DR, DV, kValuesAreKeys, kWarps>::kValueTiles][4]) {
+  constexpr int DQ = DK + DR;
   using L = Layout<DQ, DV, kValuesAreKeys, kWarps>;
   constexpr int kKeys = L::kKeys, kThreads = L::kThreads, kRowThreads = kThreads / kRows;
   static_assert(kKeys / kRowThreads == 4, "4 keys per thread in the softmax");
@@ -116,52 +139,20 @@ __device__ __forceinline__ void AttendChunk(const KeyRows& src, int first, int l
   float* s_rescale = s_sum + kRows;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
 
-  // Thread tid copies chunks tid, tid + kThreads, ... of a tile's key rows (DQ / 8 chunks of 16 bytes:
-  // dk / 8 of k, then dr / 8 of the rope key) and of its value rows (DV / 8). A chunk's key and dims
-  // are the same in every tile, so where each copy reads, relative to the tile's first key row, is
-  // worked out once here, and a tile's copy adds that offset to one of the tile's row pointers.
-  // (Worked out per copy, the division, the 64-bit products and the branch between k and the rope
-  // key took about 35 instructions a copy, more than half of a tile's instructions at MLA's 18
-  // copies per thread and tile; now about 17, docs/benchmarks.md table AL.) The offsets are 32-bit: kKeys Hkv (dk + dr + dv) fits (decode_attention.cu).
-  constexpr int kKeyChunks = DQ / 8, kKeyCopies = kKeys * kKeyChunks / kThreads;
-  constexpr int kValueChunks = DV / 8, kValueCopies = kValuesAreKeys ? 1 : kKeys * kValueChunks / kThreads;
-  static_assert(kKeys * kKeyChunks % kThreads == 0 && kKeyCopies <= 32 &&
-                    (kValuesAreKeys || kKeys * kValueChunks % kThreads == 0),
-                "whole copies per thread, at most 32 of key rows");
-  unsigned key_from[kKeyCopies], value_from[kValueCopies], rope_copies = 0;  // bit j: copy j reads the rope key
-#pragma unroll
-  for (int j = 0; j < kKeyCopies; ++j) {
-    const int c = tid + j * kThreads, key = c / kKeyChunks, d = c % kKeyChunks * 8;
-    const bool rope = d >= src.dk;
-    key_from[j] = rope ? key * src.stride * src.dr + d - src.dk : key * src.stride * src.dk + d;
-    rope_copies |= static_cast<unsigned>(rope) << j;
-  }
-  if constexpr (!kValuesAreKeys) {
-#pragma unroll
-    for (int j = 0; j < kValueCopies; ++j) {
-      const int c = tid + j * kThreads;
-      value_from[j] = c / kValueChunks * src.stride * DV + c % kValueChunks * 8;
-    }
-  }
   auto load_tile = [&](int start, int buffer) {
-    const size_t row = src.row0 + static_cast<size_t>(start) * src.stride;
-    const bf16 *k_rows = src.k + row * src.dk, *rope_rows = src.k_rope + row * src.dr;
-#pragma unroll
-    for (int j = 0; j < kKeyCopies; ++j) {
-      const int c = tid + j * kThreads, key = c / kKeyChunks, valid = start + key < last;
-      const bf16* rows = rope_copies >> j & 1 ? rope_rows : k_rows;
-      CopyAsync16(sk + buffer * L::kKTile + key * L::kQStride + c % kKeyChunks * 8, valid ? rows + key_from[j] : src.k,
-                  valid);
-    }
-    if constexpr (!kValuesAreKeys) {
-      const bf16* v_rows = src.v + row * DV;
-#pragma unroll
-      for (int j = 0; j < kValueCopies; ++j) {
-        const int c = tid + j * kThreads, key = c / kValueChunks, valid = start + key < last;
-        CopyAsync16(sv + buffer * L::kVTile + key * L::kVStride + c % kValueChunks * 8,
-                    valid ? v_rows + value_from[j] : src.v, valid);
+    auto copy = [&](auto full) {
+      constexpr bool kFull = decltype(full)::value;
+      bf16* keys = sk + buffer * L::kKTile;
+      CopyRows<DK, L::kQStride, kKeys, kThreads, kFull>(src.k, src.row0, src.stride, start, last, keys);
+      if constexpr (DR > 0) {
+        CopyRows<DR, L::kQStride, kKeys, kThreads, kFull>(src.k_rope, src.row0, src.stride, start, last, keys + DK);
       }
-    }
+      if constexpr (!kValuesAreKeys) {
+        CopyRows<DV, L::kVStride, kKeys, kThreads, kFull>(src.v, src.row0, src.stride, start, last,
+                                                          sv + buffer * L::kVTile);
+      }
+    };
+    if (start + kKeys <= last) copy(std::true_type{}); else copy(std::false_type{});
     CommitCopies();
   };
   if (first < last) load_tile(first, 0);
@@ -181,7 +172,7 @@ __device__ __forceinline__ void AttendChunk(const KeyRows& src, int first, int l
     // Scores: warp w takes keys 8w .. 8w + 7 of the tile, two k-steps of 16 per round, into four
     // accumulators so that the MMAs' dependent chain is a quarter of the score dims.
     float s[4][4] = {};
-#pragma unroll 2
+#pragma unroll
     for (int d0 = 0; d0 < DQ; d0 += 32) {
       unsigned qa[4], qb[4], kb[4];
       LoadMatrices(qa, sq + (lane % 16) * L::kQStride + d0 + lane / 16 * 8);

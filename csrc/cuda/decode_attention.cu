@@ -16,7 +16,6 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
-#include <cstdint>
 #include <iterator>
 #include <stdexcept>
 #include <string>
@@ -38,22 +37,22 @@ using attention_tile::kRows;
 constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
 constexpr int kKeys = 8 * kWarps;  // keys per tile: a split's chunk is a multiple of it (decode_attention.KEY_TILE)
-template <int DQ, int DV, bool kValuesAreKeys>
-using Layout = attention_tile::Layout<DQ, DV, kValuesAreKeys, kWarps>;
+template <int DK, int DR, int DV, bool kValuesAreKeys>
+using Layout = attention_tile::Layout<DK + DR, DV, kValuesAreKeys, kWarps>;
 
 struct Args {
   const bf16 *q, *q_rope, *k, *k_rope, *v;  // q [B,T,H,dk], q_rope [B,T,H,dr]; k, k_rope, v [L,B,N,Hkv,d]
   const int *layer, *position;              // device scalars
-  int batch, tokens, heads, kv_heads, max_len, layers, dk, dr, window, chunk;
+  int batch, tokens, heads, kv_heads, max_len, layers, window, chunk;
   float scale_log2;  // the softmax scale times log2(e): scores are kept in log2 units
   float* partial;    // [splits, B*Hkv, kRows, dv + 2]: unnormalised output, then max and sum
   bf16* out;         // [B, T, H, dv]
 };
 
-template <int DQ, int DV, bool kValuesAreKeys>
+template <int DK, int DR, int DV, bool kValuesAreKeys>
 __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(Args a) {
-  using L = Layout<DQ, DV, kValuesAreKeys>;
-  static_assert(uint64_t{kKeys} * 65535 * (DQ + DV) <= UINT32_MAX, "a tile's copy offsets fit 32 bits at Hkv <= 65535");
+  constexpr int DQ = DK + DR;
+  using L = Layout<DK, DR, DV, kValuesAreKeys>;
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* sq = reinterpret_cast<bf16*>(smem + L::kQ);
   const float* s_max = reinterpret_cast<const float*>(smem + L::kStats);
@@ -78,14 +77,14 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(Args a) {
   for (int c = tid; c < kRows * (DQ / 8); c += kThreads) {
     const int r = c / (DQ / 8), d = c % (DQ / 8) * 8;
     const size_t row = (static_cast<size_t>(b) * a.tokens + r / group) * a.heads + kv_head * group + r % group;
-    const bf16* src = r >= rows ? a.q : d < a.dk ? a.q + row * a.dk + d : a.q_rope + row * a.dr + d - a.dk;
+    const bf16* src = r >= rows ? a.q : d < DK ? a.q + row * DK + d : a.q_rope + row * DR + d - DK;
     attention_tile::CopyAsync16(sq + r * L::kQStride + d, src, r < rows);
   }
   const attention_tile::KeyRows keys{a.k, a.k_rope, a.v,
                                      (static_cast<size_t>(layer) * a.batch + b) * a.max_len * a.kv_heads + kv_head,
-                                     static_cast<size_t>(a.kv_heads), a.dk, a.dr};
+                                     static_cast<size_t>(a.kv_heads)};
   float o[L::kValueTiles][4];
-  attention_tile::AttendChunk<DQ, DV, kValuesAreKeys, kWarps>(keys, first, last, {rows, group, position, a.window},
+  attention_tile::AttendChunk<DK, DR, DV, kValuesAreKeys, kWarps>(keys, first, last, {rows, group, position, a.window},
                                                               a.scale_log2, smem, o);
 #pragma unroll
   for (int j = 0; j < L::kValueTiles; ++j) {
@@ -163,20 +162,29 @@ __global__ void __launch_bounds__(kThreads) CombineKernel(Args a, int splits) {
   out[col + 2] = __float2bfloat16(acc.z / total), out[col + 3] = __float2bfloat16(acc.w / total);
 }
 
-// The split kernel of a shape, allowed its shared memory (before a launch or an occupancy query).
-template <int DQ, int DV, bool kValuesAreKeys>
+// Instantiated shape I: its split kernel and that kernel's shared memory.
+template <int I>
+struct Shape {
+  static constexpr DecodeAttentionShape s = kDecodeAttentionShapes[I];
+  static constexpr size_t kBytes = Layout<s.key_dims, s.rope_dims, s.value_dims, s.values_are_keys>::kBytes;
+  static constexpr auto kKernel = DecodeAttentionKernel<s.key_dims, s.rope_dims, s.value_dims, s.values_are_keys>;
+};
+
+// The split kernel of shape I, allowed its shared memory (before a launch or an occupancy query).
+template <int I>
 cudaError_t AllowSharedMemory() {
-  return cudaFuncSetAttribute(DecodeAttentionKernel<DQ, DV, kValuesAreKeys>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              static_cast<int>(Layout<DQ, DV, kValuesAreKeys>::kBytes));
+  return cudaFuncSetAttribute(Shape<I>::kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              static_cast<int>(Shape<I>::kBytes));
 }
 
-template <int DQ, int DV, bool kValuesAreKeys>
+template <int I>
 ffi::Error Launch(cudaStream_t stream, const Args& a, int splits) {
-  TE_ASYNC_CUDA((AllowSharedMemory<DQ, DV, kValuesAreKeys>()));
-  DecodeAttentionKernel<DQ, DV, kValuesAreKeys>
-      <<<dim3(splits, a.batch * a.kv_heads), kThreads, Layout<DQ, DV, kValuesAreKeys>::kBytes, stream>>>(a);
+  TE_ASYNC_CUDA((AllowSharedMemory<I>()));
+  Shape<I>::kKernel<<<dim3(splits, a.batch * a.kv_heads), kThreads, Shape<I>::kBytes, stream>>>(a);
   TE_ASYNC_CUDA(cudaGetLastError());
-  CombineKernel<DV><<<dim3(a.batch * a.kv_heads, kRows, DV / kMergeColumns), kThreads, 0, stream>>>(a, splits);
+  constexpr int kValueDims = Shape<I>::s.value_dims;
+  CombineKernel<kValueDims><<<dim3(a.batch * a.kv_heads, kRows, kValueDims / kMergeColumns), kThreads, 0, stream>>>(
+      a, splits);
   return CudaStatus(cudaGetLastError(), "launch of the decode attention's CombineKernel");
 }
 
@@ -185,10 +193,11 @@ using ShapeAt = std::integral_constant<int, I>;
 
 // found(ShapeAt<i>{}) for the instantiated shape i of these dims, none() where no kernel takes them.
 template <typename Found, typename None>
-auto WithShape(int score_dims, int value_dims, bool values_are_keys, Found found, None none) {
+auto WithShape(int key_dims, int rope_dims, int value_dims, bool values_are_keys, Found found, None none) {
   static_assert(std::size(kDecodeAttentionShapes) == 2, "one case per instantiated shape");
   const auto is = [&](const DecodeAttentionShape& s) {
-    return score_dims == s.score_dims && value_dims == s.value_dims && values_are_keys == s.values_are_keys;
+    return key_dims == s.key_dims && rope_dims == s.rope_dims && value_dims == s.value_dims &&
+           values_are_keys == s.values_are_keys;
   };
   if (is(kDecodeAttentionShapes[0])) return found(ShapeAt<0>{});
   if (is(kDecodeAttentionShapes[1])) return found(ShapeAt<1>{});
@@ -230,7 +239,6 @@ ffi::Error DecodeAttention(cudaStream_t stream, ffi::Buffer<ffi::BF16> q, ffi::B
   if (values_are_keys && (v.untyped_data() != k.untyped_data() || dv != dk)) {
     return bad("values_are_keys needs v to be k itself");
   }
-  if (dk % 8 != 0 || dr % 8 != 0) return bad("dk and dr must be multiples of 8 (16-byte rows)");
   if (max_len > (int64_t{1} << 30) || layers * batch * max_len * kv_heads > (int64_t{1} << 40)) {
     return bad("the cache is too large");
   }
@@ -238,27 +246,24 @@ ffi::Error DecodeAttention(cudaStream_t stream, ffi::Buffer<ffi::BF16> q, ffi::B
   Args a{in(q), in(q_rope), in(k), in(k_rope), in(v),
          layer.typed_data(), position.typed_data(), static_cast<int>(batch), static_cast<int>(tokens),
          static_cast<int>(heads), static_cast<int>(kv_heads), static_cast<int>(max_len), static_cast<int>(layers),
-         static_cast<int>(dk), static_cast<int>(dr), static_cast<int>(window), 0,
+         static_cast<int>(window), 0,
          scale * 1.4426950408889634f /* log2(e) */, partial->typed_data(), static_cast<bf16*>(out->untyped_data())};
   a.chunk = static_cast<int>(((max_len + splits - 1) / splits + kKeys - 1) / kKeys * kKeys);
   if (PoisonOutputs()) TE_ASYNC_CUDA(cudaMemsetAsync(out->untyped_data(), 0xff, out->size_bytes(), stream));
   if (out->element_count() == 0) return ffi::Error::Success();
   return WithShape(
-      static_cast<int>(dk + dr), static_cast<int>(dv), values_are_keys,
-      [&](auto i) {
-        constexpr DecodeAttentionShape s = kDecodeAttentionShapes[decltype(i)::value];
-        return Launch<s.score_dims, s.value_dims, s.values_are_keys>(stream, a, splits);
-      },
+      static_cast<int>(dk), static_cast<int>(dr), static_cast<int>(dv), values_are_keys,
+      [&](auto i) { return Launch<decltype(i)::value>(stream, a, splits); },
       [&] {
-        return bad("no kernel for score dims " + std::to_string(dk + dr) + ", value dims " + std::to_string(dv) +
-                   (values_are_keys ? " with the values the keys" : "") +
+        return bad("no kernel for key dims " + std::to_string(dk) + ", rope dims " + std::to_string(dr) +
+                   ", value dims " + std::to_string(dv) + (values_are_keys ? " with the values the keys" : "") +
                    " (te_async._ffi.cuda_module().DECODE_ATTENTION_SHAPES)");
       });
 }
 
 }  // namespace
 
-int DecodeAttentionBlocksPerSm(int score_dims, int value_dims, bool values_are_keys) {
+int DecodeAttentionBlocksPerSm(int key_dims, int rope_dims, int value_dims, bool values_are_keys) {
   const auto check = [](cudaError_t status, const char* what) {
     if (status != cudaSuccess) {
       throw std::runtime_error(std::string("te_async decode_attention: ") + what + " failed: " +
@@ -266,14 +271,12 @@ int DecodeAttentionBlocksPerSm(int score_dims, int value_dims, bool values_are_k
     }
   };
   return WithShape(
-      score_dims, value_dims, values_are_keys,
+      key_dims, rope_dims, value_dims, values_are_keys,
       [&](auto i) {
-        constexpr DecodeAttentionShape s = kDecodeAttentionShapes[decltype(i)::value];
-        check(AllowSharedMemory<s.score_dims, s.value_dims, s.values_are_keys>(), "cudaFuncSetAttribute");
+        constexpr int I = decltype(i)::value;
+        check(AllowSharedMemory<I>(), "cudaFuncSetAttribute");
         int blocks = 0;
-        check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                  &blocks, DecodeAttentionKernel<s.score_dims, s.value_dims, s.values_are_keys>, kThreads,
-                  Layout<s.score_dims, s.value_dims, s.values_are_keys>::kBytes),
+        check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, Shape<I>::kKernel, kThreads, Shape<I>::kBytes),
               "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
         return blocks;
       },

@@ -109,13 +109,13 @@ NB_MODULE(_te_async_cuda, m) {
   m.attr("ROUTE_MAX_CHOICES") = te_async::kRouteMaxChoices;
   m.attr("DECODE_ATTENTION_MAX_ROWS") = te_async::kDecodeAttentionMaxRows;
   m.attr("DECODE_ATTENTION_MAX_SPLITS") = te_async::kDecodeAttentionMaxSplits;
-  nb::list attention_shapes;  // (score dims, value dims, values are keys) with a kernel
+  nb::list attention_shapes;  // (key dims, rope dims, value dims, values are keys) with a kernel
   for (const auto& s : te_async::kDecodeAttentionShapes) {
-    attention_shapes.append(nb::make_tuple(s.score_dims, s.value_dims, s.values_are_keys));
+    attention_shapes.append(nb::make_tuple(s.key_dims, s.rope_dims, s.value_dims, s.values_are_keys));
   }
   m.attr("DECODE_ATTENTION_SHAPES") = attention_shapes;
-  m.def("decode_attention_blocks_per_sm", &te_async::DecodeAttentionBlocksPerSm, nb::arg("score_dims"),
-        nb::arg("value_dims"), nb::arg("values_are_keys"));
+  m.def("decode_attention_blocks_per_sm", &te_async::DecodeAttentionBlocksPerSm, nb::arg("key_dims"),
+        nb::arg("rope_dims"), nb::arg("value_dims"), nb::arg("values_are_keys"));
   constexpr auto mla = te_async::kMlaDecodeDims;  // (nope, rope, latent, value) of the fused MLA kernel
   m.attr("MLA_DECODE_DIMS") = nb::make_tuple(mla.nope, mla.rope, mla.latent, mla.value);
   m.attr("MLA_DECODE_MAX_SPLITS") = te_async::kMlaDecodeMaxSplits;
