@@ -4,7 +4,6 @@
 # (two pairs); ncu of the MLA split kernel at B=64.
 set -u
 export TE_ASYNC_COMMIT=${COMMIT:?}
-S=docs/results/2026-12-04-h200-attention-loads/scripts
 R=/tmp/runs; mkdir -p $R
 PREBUILT=$(ls .gpubuild/aa0c869/*.whl) OUT=$OUT bash tools/gpu_check.sh build > /dev/null
 PYTEST_ARGS="tests/test_models_hf_parity.py tests/test_bench_generate.py tests/test_bench_harness.py tests/test_decode_moe_gpu.py" \
@@ -25,6 +24,6 @@ done; done
 echo "=== $(date +%T) ncu"
 timeout 150 ncu --clock-control none -k regex:DecodeAttentionKernel --launch-count 1 --section SpeedOfLight \
   --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats --section WarpStateStats \
-  --section SchedulerStats python3 -P $S/attn_once.py 64 mla > $R/ncu_B64_mla.txt 2>&1; echo "rc $?"
+  --section SchedulerStats python3 -P docs/results/2026-12-04-h200-attention-waves/scripts/attn_once.py 64 mla > $R/ncu_B64_mla.txt 2>&1; echo "rc $?"
 grep -E "Duration|DRAM Throughput|Registers Per|Issued Warp|Achieved Active" $R/ncu_B64_mla.txt
 tar czf $OUT/runs_call3.tgz -C $R .

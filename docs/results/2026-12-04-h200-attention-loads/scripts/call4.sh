@@ -4,7 +4,6 @@
 # SASS instruction at B=64 (ncu source page), for the next session's work on #17.
 set -u
 export TE_ASYNC_COMMIT=${COMMIT:?}
-S=docs/results/2026-12-04-h200-attention-loads/scripts
 R=/tmp/runs; mkdir -p $R
 PREBUILT=$(ls .gpubuild/aa0c869/*.whl) OUT=$OUT bash tools/gpu_check.sh build > /dev/null
 echo "=== $(date +%T) B=1 profile"
@@ -13,7 +12,7 @@ XLA_FLAGS=--xla_enable_command_buffers_during_profiling=true timeout 150 python3
 echo "rc $?"; grep -E "^\| 1 " $R/b1.log; head -n 30 $R/b1/generate_timeline_B1_kernels.md
 echo "=== $(date +%T) ncu source"
 timeout 200 ncu --clock-control none --set full --import-source no -f -o $R/ncu_mla_B64 -k regex:DecodeAttentionKernel \
-  --launch-count 1 python3 -P $S/attn_once.py 64 mla > $R/ncu_source.log 2>&1; echo "rc $?"
+  --launch-count 1 python3 -P docs/results/2026-12-04-h200-attention-waves/scripts/attn_once.py 64 mla > $R/ncu_source.log 2>&1; echo "rc $?"
 ncu -i $R/ncu_mla_B64.ncu-rep --page source --csv --print-source sass > $R/ncu_mla_B64_sass.csv 2>&1
 ncu -i $R/ncu_mla_B64.ncu-rep --page details > $R/ncu_mla_B64_details.txt 2>&1
 grep -E "Duration|DRAM Throughput" $R/ncu_mla_B64_details.txt | head -n 4
