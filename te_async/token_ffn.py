@@ -27,13 +27,11 @@ float32 and rounded once, where the unfused path rounds each part. Gradients, if
 of reference (a jax.custom_vjp): decode needs none.
 """
 
-import functools
 import math
 from typing import NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from . import _ffi, plan
 from .mlp import activate
@@ -69,41 +67,29 @@ def applies(x: jax.Array, routed: Optional[Routed] = None, shared: Optional[Shar
             and all(f % VEC == 0 and f > 0 for f in ffns))
 
 
-@functools.lru_cache(maxsize=None)
-def plan_units(top_k: int, ffn: int, shared_ffn: int, hidden: int, sms: int) -> tuple:
-    """(units of a routed item, units of a shared item), multiples of 8. Block b runs shared item b,
-    then routed item b (csrc/cuda/token_ffn.cu), and is taken to run on SM b mod sms, as the block
-    scheduler places a grid that fits in one wave. Chosen by the fewest waves of BLOCKS_PER_SM
-    blocks per SM, then the least time on the busiest SM, then the fewest bytes in all. An SM's
-    time is its blocks' bytes (the whole 32-byte sectors that fc1's column slices touch) over its
-    blocks, up to BLOCKS_PER_SM: one block alone has too few loads in flight to read at an SM's
-    share of the bandwidth. Measured on an H200 with the shared experts in blocks of their own
-    (26 token_moe layers, wall clock per layer, 2026-12-02): DeepSeek-V2-Lite's routed and shared
-    experts 68.9 us at 48 units (239 blocks) against 71.5 / 74.3 / 78.8 / 78.4 at 64 / 32 / 24 /
-    16; Qwen3-30B-A3B's routed experts 56.5 us at 32 (192 blocks) and 24 (256) against 64.3 at 48
-    (128 blocks, one per SM) and 66.6 at 16 (384, two waves)."""
-    def item_bytes(units):
+def plan_units(top_k: int, ffn: int, shared_ffn: int, hidden: int, sms: int) -> int:
+    """Units per thread block, a multiple of 8: the fewest waves of BLOCKS_PER_SM blocks per SM,
+    then the least time on the busiest SM, then the fewest bytes in all. An SM's time is its bytes
+    (the whole 32-byte sectors that fc1's column slices touch) over its blocks, up to BLOCKS_PER_SM:
+    one block alone has too few loads in flight to read at an SM's share of the bandwidth. Measured
+    on an H200 (26 token_moe layers, wall clock per layer, 2026-12-02): DeepSeek-V2-Lite's routed
+    and shared experts 68.9 us at 48 units (239 blocks) against 71.5 / 74.3 / 78.8 / 78.4 at
+    64 / 32 / 24 / 16; Qwen3-30B-A3B's routed experts 56.5 us at 32 (192 blocks) and 24 (256)
+    against 64.3 at 48 (128 blocks, one per SM) and 66.6 at 16 (384, two waves)."""
+    def cost(units):
+        items = blocks(top_k, ffn, shared_ffn, units)
         row = 2 * units  # bytes of one row's gate (or linear) slice, 16-bit weights
         touched = math.ceil(row / SECTOR) * SECTOR + (SECTOR // 2 if row % SECTOR else 0)
-        return hidden * 2 * touched + units * hidden * 2
-
-    def cost(units, shared_units):
-        routed, shared = top_k * math.ceil(ffn / units), math.ceil(shared_ffn / shared_units)
-        n, b = max(routed, shared), np.arange(math.ceil(max(routed, shared) / sms) * sms)
-        per_block = ((b < routed) * item_bytes(units) + (b < shared) * item_bytes(shared_units)).reshape(-1, sms)
-        on_sm = (b < n).reshape(-1, sms).sum(axis=0)  # blocks of each SM
-        busiest = (per_block.sum(axis=0) / np.clip(on_sm, 1, BLOCKS_PER_SM)).max()
-        return math.ceil(n / (BLOCKS_PER_SM * sms)), busiest, per_block.sum()
-
-    def candidates(width):  # no more units than the expert has
-        return range(VEC, min(MAX_UNITS, math.ceil(width / VEC) * VEC) + 1, VEC) if width else [VEC]
-    return min(((u, s) for u in candidates(ffn if top_k else 0) for s in candidates(shared_ffn)), key=lambda us: cost(*us))
+        per_item = hidden * 2 * touched + units * hidden * 2
+        per_sm = math.ceil(items / sms)
+        busiest = per_sm * per_item / min(per_sm, BLOCKS_PER_SM)
+        return math.ceil(items / (BLOCKS_PER_SM * sms)), busiest, items * per_item
+    return min(range(VEC, MAX_UNITS + 1, VEC), key=cost)
 
 
-def blocks(top_k: int, ffn: int, shared_ffn: int, units: int, shared_units: int) -> int:
-    """Thread blocks of a call: each routed choice's F units in items of `units`, the shared
-    experts' Fs in items of `shared_units`, block b running item b of each."""
-    return max(top_k * math.ceil(ffn / units), math.ceil(shared_ffn / shared_units))
+def blocks(top_k: int, ffn: int, shared_ffn: int, units: int) -> int:
+    """Thread blocks of a call: each routed choice's F units and the shared experts' Fs, in blocks."""
+    return top_k * math.ceil(ffn / units) + math.ceil(shared_ffn / units)
 
 
 def token_ffn(x: jax.Array, routed: Optional[Routed] = None, shared: Optional[Shared] = None) -> jax.Array:
@@ -145,13 +131,11 @@ def _weights(routed, shared):
 
 
 def plan_call(x: jax.Array, top_k: int, ffn: int, shared_ffn: int) -> tuple:
-    """(the kernel's units and shared_units, its output: float32 [blocks, H], each block's partial)
-    of a call on x [1, H]."""
+    """(units per block, the kernel's output: float32 [items, H], each item's partial) of a call on x [1, H]."""
     # The fewest SMs of the local GPUs; without a GPU (the kernel's branch is traced, never run) any.
     sms = min(s for _, s in plan.local_gpu_kinds()) if _ffi.gpu_present() else 1
-    units, shared_units = plan_units(top_k, ffn, shared_ffn, x.shape[1], sms)
-    out = jax.ShapeDtypeStruct((blocks(top_k, ffn, shared_ffn, units, shared_units), x.shape[1]), jnp.float32)
-    return dict(units=units, shared_units=shared_units), out
+    units = plan_units(top_k, ffn, shared_ffn, x.shape[1], sms)
+    return units, jax.ShapeDtypeStruct((blocks(top_k, ffn, shared_ffn, units), x.shape[1]), jnp.float32)
 
 
 def _kernel(x, routed, shared):
@@ -165,7 +149,7 @@ def _kernel(x, routed, shared):
                                 else shared)
     scale = jnp.ones((1,), jnp.float32) if scale is None else scale.reshape(1).astype(jnp.float32)
     units, out = plan_call(x, experts.shape[0], w_fc2.shape[1], w_down.shape[0])
-    partial = jax.ffi.ffi_call(TOKEN_FFN, out)(x, w_fc1, w_fc2, experts, weights, w_gate_up, w_down, scale, **units)
+    partial = jax.ffi.ffi_call(TOKEN_FFN, out)(x, w_fc1, w_fc2, experts, weights, w_gate_up, w_down, scale, units=units)
     return partial.sum(axis=0, keepdims=True).astype(x.dtype)
 
 

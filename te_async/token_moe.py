@@ -138,7 +138,7 @@ def _kernel(x, scale, router, w_fc1, w_fc2, shared, s: _Static):
     units, out = token_ffn.plan_call(x, s.top_k, w_fc2.shape[1], w_down.shape[0])
     routing = (jax.ShapeDtypeStruct((1, s.top_k), jnp.float32), jax.ShapeDtypeStruct((1, s.top_k), jnp.int32))
     partial, weights, experts = jax.ffi.ffi_call(TOKEN_MOE, (out,) + routing)(
-        x, scale, router, w_fc1, w_fc2, w_gate_up, w_down, **units, top_k=s.top_k, n_group=s.n_group,
+        x, scale, router, w_fc1, w_fc2, w_gate_up, w_down, units=units, top_k=s.top_k, n_group=s.n_group,
         topk_group=s.topk_group, renormalize=s.renormalize, scaling=np.float32(s.scaling), eps=np.float32(s.eps),
         round_first=s.round_first, router_reads_normed=s.reads_normed)
     return _finish(x, partial.sum(axis=0, keepdims=True), s.residual), weights, experts

@@ -1,17 +1,15 @@
-"""te_async.token_ffn and te_async.token_moe against the paths they replace, one token at
-DeepSeek-V2-Lite's shapes (64 experts of [2048, 2x1408] + [1408, 2048], top-6, routed by
-te_async.routing.route from random logits; 2 shared experts as one [2048, 2x2816] + [2816, 2048]
-MLP): the routed and shared experts together, each alone, and the whole MoE block (token_moe: norm,
-router and top-k in the call). Old paths: the routed experts through decode_moe.fused_experts (fc1,
-fc2 with the permutation fused, an XLA sum), the shared MLP through dense.linear's two small-M
-kernels. Each call runs 26 weight copies unrolled in one jit (one CUDA graph, as bench dense), so
-no layer finds its weights in L2; per layer: wall clock (bench.timing.time_calls) and GPU busy time
-(a profile). Both include the routing kernel where experts are routed, and token_ffn's XLA sum of
-its blocks' partials. Then the plan forced to other (units, shared_units) (calling the kernel
-branches directly: jax caches the traced branches of platform_dependent). Usage: python3 -P
-tools/token_ffn_probe.py"""
+"""te_async.token_ffn against the paths it replaces, one token at DeepSeek-V2-Lite's shapes (64
+experts of [2048, 2x1408] + [1408, 2048], top-6, routed by te_async.routing.route from random
+logits; 2 shared experts as one [2048, 2x2816] + [2816, 2048] MLP): the routed and shared experts
+together, each alone. Old paths: the routed experts through decode_moe.fused_experts (fc1, fc2 with
+the permutation fused, an XLA sum), the shared MLP through dense.linear's two small-M kernels. Each
+call runs 26 weight copies unrolled in one jit (one CUDA graph, as bench dense), so no layer finds
+its weights in L2; per layer: wall clock (bench.timing.time_calls) and GPU busy time (a profile).
+Both include the routing kernel where experts are routed, and token_ffn's XLA sum of its blocks'
+partials. Then token_ffn with its units per block forced (calling its kernel branch directly:
+jax caches the traced branches of platform_dependent). Usage: python3 -P tools/token_ffn_probe.py"""
 import jax, jax.numpy as jnp, numpy as np
-from te_async import token_ffn as tf, token_moe as tm, decode_moe
+from te_async import token_ffn as tf, decode_moe
 from te_async.models.ffn import swiglu_mlp
 from te_async.routing import route
 from te_async.bench import timing
@@ -26,43 +24,26 @@ W = [(jax.random.normal(jax.random.fold_in(key, i), (E, H, 2 * F), bf) * 0.02,
       jax.random.normal(jax.random.fold_in(key, 50 + i), (E, F, H), bf) * 0.02,
       jax.random.normal(jax.random.fold_in(key, 200 + i), (H, 2 * FS), bf) * 0.02,
       jax.random.normal(jax.random.fold_in(key, 250 + i), (FS, H), bf) * 0.02) for i in range(L)]
-routers = [(jax.random.normal(jax.random.fold_in(key, 300 + i), (H, E), jnp.float32) * 0.05,
-            1 + 0.1 * jax.random.normal(jax.random.fold_in(key, 350 + i), (H,), bf)) for i in range(L)]
 routed_bytes = K * 3 * H * F * 2
 shared_bytes = 3 * H * FS * 2
 orig = tf.plan_units
 
-def measure(name, fn, floor_bytes, block=False):
-    """block: fn takes each layer's router and norm scale too (the MoE block)."""
-    w = [c + r for c, r in zip(W, routers)] if block else W
+def measure(name, fn, floor_bytes):
     call = jax.jit(lambda x, lg, w: [fn(x, l, *c) for l, c in zip(lg, w)])
-    wall = timing.time_calls(call, [(x, logits, w)], reps=20).median_s / L
-    gpu = timing.device_times(call, [(x, logits, w)])["busy_s"] / L
+    wall = timing.time_calls(call, [(x, logits, W)], reps=20).median_s / L
+    gpu = timing.device_times(call, [(x, logits, W)])["busy_s"] / L
     floor = floor_bytes / hbm
     print(f"{name:44s} wall {1e6*wall:7.2f} us  GPU {1e6*gpu:7.2f} us  floor {1e6*floor:6.2f}  ({gpu/floor:.2f}x GPU)", flush=True)
     return call
 
 def tok(units=None, routed=True, shared=True):
-    """units: (units, shared_units) forced, else the plan."""
     def f(x, lg, w1, w2, s1, s2):
         tf.plan_units = (lambda *a: units) if units else orig
         r, _ = route(lg, K, renormalize=False)
+        # forced units: the kernel's branch called directly (jax caches platform_dependent's traces)
         run = tf._kernel if units else tf.token_ffn
         return run(x, tf.Routed(r.experts, r.weights, w1, w2) if routed else None, tf.Shared(s1, s2) if shared else None)
     return f
-
-
-def moe(units=None):
-    """The whole MoE block (the norm, router, top-k and experts: token_moe), plan or forced units."""
-    static = tm._Static(1e-6, True, K, False, 1.0, 1, 1, True, True)
-    def f(x, lg, w1, w2, s1, s2, router, scale):
-        tf.plan_units = (lambda *a: units) if units else orig
-        if units:
-            return tm._kernel(x, scale, router, w1, w2, tf.Shared(s1, s2), static)[0]
-        return tm.token_moe(x, tm.Norm(scale, 1e-6, True), tm.Router(router, K, False), w1, w2, tf.Shared(s1, s2),
-                            residual=True)[0]
-    return f
-
 
 def old(routed=True, shared=True):
     def f(x, lg, w1, w2, s1, s2):
@@ -75,23 +56,18 @@ def old(routed=True, shared=True):
         return y
     return f
 
-print(f"HBM read {hbm/1e12:.2f} TB/s; plan (units, shared_units): routed+shared {orig(K, F, FS, H, 132)}, routed "
-      f"{orig(K, F, 0, H, 132)}, shared {orig(0, 0, FS, H, 132)}")
-both = routed_bytes + shared_bytes
-measure("MoE block: token_moe (plan)", moe(), both, block=True)
-for u in ((32, 24), (32, 32), (48, 16)):
-    measure(f"MoE block: token_moe units {u}", moe(u), both, block=True)
-c_new = measure("routed+shared: token_ffn (plan)", tok(), both)
-c_old = measure("routed+shared: fused fc1, fc2 + shared 2 kernels", old(), both)
+print(f"HBM read {hbm/1e12:.2f} TB/s; plan: routed+shared {orig(K, F, FS, H, 132)}, routed {orig(K, F, 0, H, 132)}, shared {orig(0, 0, FS, H, 132)}")
+c_new = measure("routed+shared: token_ffn (plan)", tok(), routed_bytes + shared_bytes)
+c_old = measure("routed+shared: fused fc1, fc2 + shared 2 kernels", old(), routed_bytes + shared_bytes)
 ref = np.asarray(c_old(x, logits, W)[0], np.float32); got = np.asarray(c_new(x, logits, W)[0], np.float32)
 print("  max |new - old| / max|old|:", float(np.abs(got - ref).max() / np.abs(ref).max()))
-for u in ((32, 24), (48, 16), (48, 48)):
-    measure(f"routed+shared: token_ffn units {u}", tok(u), both)
+for u in (32, 48, 64, 96):
+    measure(f"routed+shared: token_ffn units {u}", tok(u), routed_bytes + shared_bytes)
 measure("routed: token_ffn (plan)", tok(shared=False), routed_bytes)
 measure("routed: fused fc1, fc2", old(shared=False), routed_bytes)
-for u in (32, 64):
-    measure(f"routed: token_ffn units {u}", tok((u, 8), shared=False), routed_bytes)
+for u in (32, 64, 128):
+    measure(f"routed: token_ffn units {u}", tok(u, shared=False), routed_bytes)
 measure("shared: token_ffn (plan)", tok(routed=False), shared_bytes)
 measure("shared: te_async 2 kernels", old(routed=False), shared_bytes)
-for u in (32, 64):
-    measure(f"shared: token_ffn units {u}", tok((8, u), routed=False), shared_bytes)
+for u in (16, 32, 64):
+    measure(f"shared: token_ffn units {u}", tok(u, routed=False), shared_bytes)

@@ -19,17 +19,14 @@
 //   routed block waits (cudaGridDependencySynchronize) before it reads its expert. Both kernels
 //   are in one call, so XLA captures them into one graph node, where the programmatic edge holds.
 //
-// TokenFfnKernel. Work items: the units of the shared experts cut into items of `shared_units`,
-// those of each routed choice c of the top-k into items of `units` (multiples of 8, planned in
-// Python: token_ffn.plan_units). Block b runs shared item b (where there is one), then routed
-// item b (where there is one), and writes the sum of the two to out[b, :]: one grid of max(shared
-// items, routed items) blocks. So in the MoE call every block streams shared weights while the
-// routing runs, and a routed block's wait for its expert falls after that work instead of idling
-// the block (with the shared experts in blocks of their own, 180 of DeepSeek-V2-Lite's 239
-// blocks waited about 9 us per layer reading nothing; docs/benchmarks.md, table TF's notes). Item
-// i of choice c reads expert experts[c] on the GPU, so the kernel sits in a CUDA graph. Per item
-// (256 threads):
-//   1. x [H] to shared memory as f32 (normalised there in the MoE call), once per block.
+// TokenFfnKernel. Work items: the units of each source (the shared experts, then routed choice c
+// of the top-k) cut into blocks of `units` (a multiple of 8, planned in Python:
+// token_ffn.plan_units) -> one thread block per item. The shared experts' blocks come first, so
+// that the block scheduler starts them first: where the items exceed one wave of resident
+// blocks, they are the ones that run during the routing (with one wave, as plan_units prefers,
+// the order measured no different: docs/benchmarks.md, table GM's notes). Item i of choice c
+// reads expert experts[c] on the GPU, so the kernel sits in a CUDA graph. Per item (256 threads):
+//   1. x [H] to shared memory as f32 (normalised there in the MoE call).
 //   2. fc1: the item's gate and linear columns (2 * units / 8 16-byte vectors per row of
 //      w_fc1 [H, 2F]) times x, summed over H: thread (g, v) owns vector v and rows g, g + G, ...
 //      (G row groups), 8 independent ld.global.nc loads in flight per thread, f32 FMAs; the G
@@ -38,11 +35,10 @@
 //      path rounds them (grouped_mlp: fc1 writes x's dtype; te_async.mlp.activate).
 //   4. fc2: rows u0 .. u0 + units of w_fc2 [F, H] (contiguous) times a, the same way, and the
 //      item's f32 partial output, times the routing weight (or the shared scale), goes to
-//      out[b, :] (a routed item's added to the block's shared one). The caller sums out over
-//      blocks (an XLA reduction: a sum inside the kernel, by the last block of each group of
-//      blocks and then the last group, measured slower, 46.8 against 39.0 us per layer in the
-//      whole model's B=1 step; docs/benchmarks.md).
-// An expert id outside [0, E) cannot be raised inside a graph: that block's row of out is NaN, so
+//      out[i, :]. The caller sums out over items (an XLA reduction: a sum inside the kernel, by
+//      the last block of each group of items and then the last group, measured slower, 46.8
+//      against 39.0 us per layer in the whole model's B=1 step; docs/benchmarks.md).
+// An expert id outside [0, E) cannot be raised inside a graph: that item's row of out is NaN, so
 // the token's output is NaN.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -99,12 +95,10 @@ struct TokenFfnArgs {
   const void* shared_w2;     // [Fs, H]
   const float* shared_scale; // [1], or nullptr: 1
   float* out;                // [items, H]
-  int hidden, num_experts, top_k, ffn, shared_ffn;
-  int units, shared_units;   // of a routed item, of a shared item
+  int hidden, num_experts, top_k, ffn, shared_ffn, units;
   int blocks_per_choice;     // items of one routed choice: ceil(ffn / units)
-  int routed_items;          // top_k * blocks_per_choice
-  int shared_items;          // ceil(shared_ffn / shared_units)
-  int blocks;                // the grid: max(routed_items, shared_items)
+  int shared_items;          // the shared experts' items, first in the grid: ceil(shared_ffn / units)
+  int items;                 // the grid: shared_items + top_k * blocks_per_choice
 };
 
 struct RouteTokenArgs {
@@ -334,58 +328,46 @@ __global__ void __launch_bounds__(kThreads) RouteTokenKernel(RouteTokenArgs a) {
   }
 }
 
-// One item: units u0 .. u0 + units of an expert whose fc1 [H, 2 * ffn] is at w1 and fc2 [ffn, H]
-// at w2, times scale, written to out [H] or (accumulate) added to what the block wrote there.
-// h: [2 * units], act: [units] of shared memory.
 template <typename T>
-__device__ void RunItem(const T* w1, const T* w2, int hidden, int ffn, int u0, int units, float scale,
-                        bool accumulate, const float* xs, float* h, float* act, float* scratch, float* out) {
+__global__ void __launch_bounds__(kThreads, kBlocksPerSm) TokenFfnKernel(TokenFfnArgs a) {
+  extern __shared__ float smem[];
+  float* xs = smem;                    // [H]
+  float* h = xs + a.hidden;            // [2 * units]: gate sums, then linear sums
+  float* act = h + 2 * a.units;        // [units]
+  float* lanes = act + a.units;        // [kNormLanes + 1]
+  float* scratch = lanes + kNormLanes + 1;  // [kThreads * kVec]
+  const int item = blockIdx.x, tid = threadIdx.x;
+  const bool routed = item >= a.shared_items;
+  const int choice = routed ? (item - a.shared_items) / a.blocks_per_choice : 0;
+  const int ffn = routed ? a.ffn : a.shared_ffn;
+  const int u0 = (routed ? (item - a.shared_items) % a.blocks_per_choice : item) * a.units;
+  const int units = min(a.units, ffn - u0);
+  float* out = a.out + static_cast<long long>(item) * a.hidden;
+  LoadToken<T, kThreads>(static_cast<const T*>(a.x), a.hidden, a.norm, xs, lanes);
+  if (routed) WaitForRouting();  // its expert and weight
+  const int expert = routed ? a.experts[choice] : 0;
+  const float scale = routed ? a.weights[choice] : a.shared_scale == nullptr ? 1.f : *a.shared_scale;
+  if (routed && (expert < 0 || expert >= a.num_experts)) {
+    for (int i = tid; i < a.hidden; i += kThreads) out[i] = NAN;
+    return;
+  }
+  const long long h2f = 2LL * a.hidden * ffn;
+  const T* w1 = routed ? static_cast<const T*>(a.w1) + expert * h2f : static_cast<const T*>(a.shared_w1);
+  const T* w2 = routed ? static_cast<const T*>(a.w2) + expert * (h2f / 2) : static_cast<const T*>(a.shared_w2);
   const int half = units / kVec;  // vectors of gate (and of linear) columns per row
   WeightedRowSum<T, kThreads>(
-      w1, 2LL * ffn, hidden, xs, 2 * half,
+      w1, 2LL * ffn, a.hidden, xs, 2 * half,
       [=](int c) { return static_cast<long long>(u0) + (c < half ? c * kVec : ffn + (c - half) * kVec); }, scratch,
       [=](int col, float s) { h[col] = s; });
-  for (int u = threadIdx.x; u < units; u += kThreads) {
+  for (int u = tid; u < units; u += kThreads) {
     const float gate = Rounded<T>(h[u]), lin = Rounded<T>(h[units + u]);
     act[u] = Rounded<T>(SwigluF32(gate, lin));
   }
   __syncthreads();
   WeightedRowSum<T, kThreads>(
-      w2 + static_cast<long long>(u0) * hidden, hidden, units, act, hidden / kVec,
+      w2 + static_cast<long long>(u0) * a.hidden, a.hidden, units, act, a.hidden / kVec,
       [](int c) { return static_cast<long long>(c) * kVec; }, scratch,
-      [=](int col, float s) { out[col] = accumulate ? out[col] + scale * s : scale * s; });
-}
-
-template <typename T>
-__global__ void __launch_bounds__(kThreads, kBlocksPerSm) TokenFfnKernel(TokenFfnArgs a) {
-  extern __shared__ float smem[];
-  const int most = max(a.units, a.shared_units);
-  float* xs = smem;                    // [H]
-  float* h = xs + a.hidden;            // [2 * most]: gate sums, then linear sums
-  float* act = h + 2 * most;           // [most]
-  float* lanes = act + most;           // [kNormLanes + 1]
-  float* scratch = lanes + kNormLanes + 1;  // [kThreads * kVec]
-  const int block = blockIdx.x;
-  float* out = a.out + static_cast<long long>(block) * a.hidden;
-  LoadToken<T, kThreads>(static_cast<const T*>(a.x), a.hidden, a.norm, xs, lanes);
-  const bool shared = block < a.shared_items;
-  if (shared) {
-    const int u0 = block * a.shared_units;
-    const float scale = a.shared_scale == nullptr ? 1.f : *a.shared_scale;
-    RunItem<T>(static_cast<const T*>(a.shared_w1), static_cast<const T*>(a.shared_w2), a.hidden, a.shared_ffn, u0,
-               min(a.shared_units, a.shared_ffn - u0), scale, false, xs, h, act, scratch, out);
-  }
-  if (block >= a.routed_items) return;
-  WaitForRouting();  // its expert and weight
-  const int choice = block / a.blocks_per_choice, u0 = block % a.blocks_per_choice * a.units;
-  const int expert = a.experts[choice];
-  if (expert < 0 || expert >= a.num_experts) {
-    for (int i = threadIdx.x; i < a.hidden; i += kThreads) out[i] = NAN;
-    return;
-  }
-  const long long h2f = 2LL * a.hidden * a.ffn;
-  RunItem<T>(static_cast<const T*>(a.w1) + expert * h2f, static_cast<const T*>(a.w2) + expert * (h2f / 2), a.hidden,
-             a.ffn, u0, min(a.units, a.ffn - u0), a.weights[choice], shared, xs, h, act, scratch, out);
+      [=](int col, float s) { out[col] = scale * s; });
 }
 
 bool HasDims(const ffi::AnyBuffer& b, std::initializer_list<int64_t> dims) {
@@ -397,8 +379,7 @@ bool HasDims(const ffi::AnyBuffer& b, std::initializer_list<int64_t> dims) {
 // caller); `bad` words the error. k: the routed choices (0: none).
 ffi::ErrorOr<TokenFfnArgs> FfnArgs(ffi::AnyBuffer x, ffi::AnyBuffer w1, ffi::AnyBuffer w2, int64_t k,
                                    ffi::AnyBuffer shared_w1, ffi::AnyBuffer shared_w2, ffi::AnyBuffer out,
-                                   int64_t units, int64_t shared_units,
-                                   const std::function<ffi::Error(const std::string&)>& bad) {
+                                   int64_t units, const std::function<ffi::Error(const std::string&)>& bad) {
   auto fail = [&](const std::string& why) { return ffi::Unexpected(bad(why)); };
   const auto xd = x.dimensions(), d1 = w1.dimensions(), d2 = w2.dimensions();
   const auto s1 = shared_w1.dimensions(), s2 = shared_w2.dimensions();
@@ -421,18 +402,15 @@ ffi::ErrorOr<TokenFfnArgs> FfnArgs(ffi::AnyBuffer x, ffi::AnyBuffer w1, ffi::Any
   for (const ffi::AnyBuffer* w : {&w1, &w2, &shared_w1, &shared_w2}) {
     if (w->element_type() != type) return fail("x and every weight must share a dtype");
   }
-  for (auto [name, u] : {std::pair<const char*, int64_t>{"units", units}, {"shared_units", shared_units}}) {
-    if (u % kVec != 0 || u < kVec || u > kMaxUnits) {
-      return fail(std::string(name) + " must be a multiple of 8 in [8, " + std::to_string(kMaxUnits) + "], got " +
-                  std::to_string(u));
-    }
+  if (units % kVec != 0 || units < kVec || units > kMaxUnits) {
+    return fail("units must be a multiple of 8 in [8, " + std::to_string(kMaxUnits) + "], got " + std::to_string(units));
   }
-  const int64_t per_choice = k > 0 ? CeilDiv(ffn, units) : 0, shared_items = CeilDiv(shared_ffn, shared_units);
-  const int64_t blocks = std::max(k * per_choice, shared_items);
-  if (blocks < 1) return fail("nothing to compute: no routed choices and no shared experts");
-  if (out.element_type() != ffi::DataType::F32 || !HasDims(out, {blocks, hidden})) {
-    return fail("out must be float32 [blocks, H] with blocks = max(k * ceil(F / units), ceil(Fs / shared_units)) = " +
-                std::to_string(blocks));
+  const int64_t per_choice = k > 0 ? CeilDiv(ffn, units) : 0, shared_items = CeilDiv(shared_ffn, units);
+  const int64_t items = k * per_choice + shared_items;
+  if (items < 1) return fail("nothing to compute: no routed choices and no shared experts");
+  if (out.element_type() != ffi::DataType::F32 || !HasDims(out, {items, hidden})) {
+    return fail("out must be float32 [items, H] with items = k * ceil(F / units) + ceil(Fs / units) = " +
+                std::to_string(items));
   }
   for (const void* p : {x.untyped_data(), w1.untyped_data(), w2.untyped_data(), shared_w1.untyped_data(),
                         shared_w2.untyped_data()}) {
@@ -451,11 +429,9 @@ ffi::ErrorOr<TokenFfnArgs> FfnArgs(ffi::AnyBuffer x, ffi::AnyBuffer w1, ffi::Any
   a.ffn = static_cast<int>(ffn);
   a.shared_ffn = static_cast<int>(shared_ffn);
   a.units = static_cast<int>(units);
-  a.shared_units = static_cast<int>(shared_units);
   a.blocks_per_choice = static_cast<int>(per_choice);
-  a.routed_items = static_cast<int>(k * per_choice);
   a.shared_items = static_cast<int>(shared_items);
-  a.blocks = static_cast<int>(blocks);
+  a.items = static_cast<int>(items);
   return a;
 }
 
@@ -466,13 +442,13 @@ ffi::Error Poison(cudaStream_t stream, std::initializer_list<std::pair<void*, si
   return ffi::Error::Success();
 }
 
-// TokenFfnKernel over a.blocks blocks; after_routing: a programmatic dependent launch behind
+// TokenFfnKernel over a.items blocks; after_routing: a programmatic dependent launch behind
 // RouteTokenKernel (compute capability 9.0 and up).
 ffi::Error LaunchFfn(const TokenFfnArgs& a, ffi::DataType type, bool after_routing, cudaStream_t stream) {
   cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(a.blocks));
+  config.gridDim = dim3(static_cast<unsigned>(a.items));
   config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = FfnSharedBytes(a.hidden, std::max(a.units, a.shared_units));
+  config.dynamicSmemBytes = FfnSharedBytes(a.hidden, a.units);
   config.stream = stream;
   cudaLaunchAttribute attr;
   attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -488,7 +464,7 @@ ffi::Error LaunchFfn(const TokenFfnArgs& a, ffi::DataType type, bool after_routi
 ffi::Error TokenFfn(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer w1, ffi::AnyBuffer w2,
                     ffi::Buffer<ffi::S32> experts, ffi::Buffer<ffi::F32> weights, ffi::AnyBuffer shared_w1,
                     ffi::AnyBuffer shared_w2, ffi::Buffer<ffi::F32> shared_scale, ffi::Result<ffi::AnyBuffer> out,
-                    int64_t units, int64_t shared_units) {
+                    int64_t units) {
   auto bad = [&](const std::string& what) {
     return ffi::Error::InvalidArgument("te_async token_ffn: " + what + " (x " + Dims(x) + ", w_fc1 " + Dims(w1) +
                                        ", w_fc2 " + Dims(w2) + ", shared w_gate_up " + Dims(shared_w1) +
@@ -497,7 +473,7 @@ ffi::Error TokenFfn(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer w1, ff
   const int64_t k = experts.element_count();
   if (weights.element_count() != k) return bad("experts and weights must have k entries");
   if (shared_scale.element_count() != 1) return bad("shared_scale must have one entry");
-  auto a = FfnArgs(x, w1, w2, k, shared_w1, shared_w2, *out, units, shared_units, bad);
+  auto a = FfnArgs(x, w1, w2, k, shared_w1, shared_w2, *out, units, bad);
   if (a.has_error()) return a.error();
   a->experts = experts.typed_data();
   a->weights = weights.typed_data();
@@ -528,8 +504,8 @@ ffi::Error LaunchRoute(const RouteTokenArgs& r, bool router_f32, bool hopper, si
 ffi::Error TokenMoe(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer norm_scale, ffi::AnyBuffer router,
                     ffi::AnyBuffer w1, ffi::AnyBuffer w2, ffi::AnyBuffer shared_w1, ffi::AnyBuffer shared_w2,
                     ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::Buffer<ffi::F32>> weights,
-                    ffi::Result<ffi::Buffer<ffi::S32>> experts, int64_t units, int64_t shared_units, int64_t top_k,
-                    int64_t n_group, int64_t topk_group, bool renormalize, float scaling, float eps, bool round_first,
+                    ffi::Result<ffi::Buffer<ffi::S32>> experts, int64_t units, int64_t top_k, int64_t n_group,
+                    int64_t topk_group, bool renormalize, float scaling, float eps, bool round_first,
                     bool router_reads_normed) {
   auto bad = [&](const std::string& what) {
     return ffi::Error::InvalidArgument("te_async token_moe: " + what + " (x " + Dims(x) + ", norm scale " +
@@ -537,7 +513,7 @@ ffi::Error TokenMoe(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer norm_s
                                        ", w_fc2 " + Dims(w2) + ", shared w_gate_up " + Dims(shared_w1) +
                                        ", shared w_down " + Dims(shared_w2) + ")");
   };
-  auto a = FfnArgs(x, w1, w2, top_k, shared_w1, shared_w2, *out, units, shared_units, bad);
+  auto a = FfnArgs(x, w1, w2, top_k, shared_w1, shared_w2, *out, units, bad);
   if (a.has_error()) return a.error();
   const int64_t hidden = a->hidden, num_experts = a->num_experts;
   if (num_experts < 1 || num_experts > kRouteMaxExperts || num_experts % kVec != 0) {
@@ -608,8 +584,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(kTokenFfnCuda, TokenFfn,
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::AnyBuffer>()
-                                  .Attr<int64_t>("units")
-                                  .Attr<int64_t>("shared_units"),
+                                  .Attr<int64_t>("units"),
                               {ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(kTokenMoeCuda, TokenMoe,
@@ -626,7 +601,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(kTokenMoeCuda, TokenMoe,
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::S32>>()
                                   .Attr<int64_t>("units")
-                                  .Attr<int64_t>("shared_units")
                                   .Attr<int64_t>("top_k")
                                   .Attr<int64_t>("n_group")
                                   .Attr<int64_t>("topk_group")
