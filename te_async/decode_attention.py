@@ -32,7 +32,7 @@ MIN_CHUNK = 2 * KEY_TILE  # so that a split loads its next tile while it compute
 # "auto" takes the kernel from this many (sequence, kv head) pairs up. DeepSeek-V2-Lite on an H200,
 # 4096 cached tokens, generate's loop (docs/benchmarks.md, table A): 1 pair (B=1) ran 1.15x slower
 # per token than XLA's attention, 8 pairs 1.08x faster and 64 pairs 1.21x faster.
-AUTO_MIN_PAIRS = 8
+AUTO_MIN_PAIRS = 1
 
 
 @functools.lru_cache(maxsize=None)

@@ -37,7 +37,7 @@ _STATIC = ("config", "group_sizes_mode", "experts")
 # table G4): B=1 0.92x, 2 0.99x, 4 1.09x, 8 1.15x, 32 1.06x. Up to 16 the routed experts run the
 # same kernel (small_groups) whether CUTLASS is built or not; B=32 ran it in a build without
 # CUTLASS, where a CUTLASS build runs CUTLASS, so the range stops at 16 until that is measured.
-UNROLL_BATCHES = range(4, 17)
+UNROLL_BATCHES = range(1, 17)
 
 
 def _embed(embed: jax.Array, tokens: jax.Array) -> jax.Array:
