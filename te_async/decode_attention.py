@@ -29,10 +29,12 @@ KERNEL_ENV = "TE_ASYNC_DECODE_ATTENTION"
 KERNELS = ("auto", "te_async", "xla")
 KEY_TILE = 32  # keys per tile of the kernel: a split's chunk is a multiple of it
 MIN_CHUNK = 2 * KEY_TILE  # so that a split loads its next tile while it computes one
-# "auto" takes the kernel from this many (sequence, kv head) pairs up. DeepSeek-V2-Lite on an H200,
-# 4096 cached tokens, generate's loop (docs/benchmarks.md, table A): 1 pair (B=1) ran 1.15x slower
-# per token than XLA's attention, 8 pairs 1.08x faster and 64 pairs 1.21x faster.
-AUTO_MIN_PAIRS = 1
+# "auto" takes the kernel from this many (sequence, kv head) pairs up. The whole model on an H200,
+# 4096 cached tokens, device mode, generate's loop per token against XLA's attention
+# (docs/benchmarks.md, table AP): DeepSeek-V2-Lite at 1 pair (B=1) even (2.765 against 2.759 ms,
+# table AL's notes), at 2 pairs (B=2) 1.06x faster; Qwen3-30B-A3B at 4 pairs (B=1) 1.06x faster; DeepSeek-V2-Lite at
+# 8 and 64 pairs 1.08x and 1.21x faster (table A).
+AUTO_MIN_PAIRS = 2
 
 
 @functools.lru_cache(maxsize=None)
