@@ -102,7 +102,6 @@ struct TokenFfnArgs {
   int blocks_per_choice;     // items of one routed choice: ceil(ffn / units)
   int shared_items;          // the shared experts' items, first in the grid: ceil(shared_ffn / units)
   int items;                 // the grid: shared_items + top_k * blocks_per_choice
-  bool after_routing;        // launched as a programmatic dependent of RouteTokenKernel
 };
 
 struct RouteTokenArgs {
@@ -184,33 +183,14 @@ __device__ void LoadToken(const T* x, int hidden, const TokenNorm& n, float* xs,
   __syncthreads();
 }
 
-// The first kUnroll loads of a thread in WeightedRowSum over the same operands: its vector of the
-// first column chunk at rows g, g + G, ... (zeros past the rows, or for a thread without a row
-// group). Issued ahead of the sum, so that their latency overlaps other work of the block.
-template <typename W, int kBlock, typename Column>
-__device__ __forceinline__ void FirstLoads(const W* __restrict__ w, long long ld, int rows, int nvec, Column column,
-                                           uint4 (&q)[kUnroll]) {
-  const int width = min(kBlock, nvec), groups = kBlock / width;
-  const int v = threadIdx.x % width, g = threadIdx.x / width;
-  const W* p = w + column(v);
-#pragma unroll
-  for (int i = 0; i < kUnroll; ++i) {
-    const int r = g + i * groups;
-    q[i] = g < groups && r < rows ? LoadStream(p + r * ld) : make_uint4(0u, 0u, 0u, 0u);
-  }
-}
-
 // For each 16-byte column vector c < nvec of w (V = 16 / sizeof(W) elements, at element offset
 // column(c) in a row): the sum over r < rows of coef[r] * w[r * ld + column(c) + j], j < V, in f32,
 // handed to store(c * V + j, sum). Threads own one vector and every G-th row; the G partial sums
-// are added in group order. scratch: kBlock * V floats. first: the thread's FirstLoads over the
-// same operands, taken in place of its first loads; after_loads runs once every thread has issued
-// its last load, before the partial sums are added (where a caller issues the next sum's
-// FirstLoads, so that they are in flight across the reduction).
-template <typename W, int kBlock, typename Column, typename Store, typename AfterLoads>
+// are added in group order. scratch: kBlock * V floats.
+template <typename W, int kBlock, typename Column, typename Store>
 __device__ __forceinline__ void WeightedRowSum(const W* __restrict__ w, long long ld, int rows,
                                                const float* coef, int nvec, Column column, float* scratch,
-                                               Store store, const uint4 (&first)[kUnroll], AfterLoads after_loads) {
+                                               Store store) {
   constexpr int V = Elem<W>::kVec;
   const int tid = threadIdx.x;
   for (int base = 0; base < nvec; base += kBlock) {
@@ -221,12 +201,11 @@ __device__ __forceinline__ void WeightedRowSum(const W* __restrict__ w, long lon
       float acc[V] = {};
       const W* p = w + column(base + v);
       for (int r0 = g; r0 < rows; r0 += groups * kUnroll) {
-        const bool loaded = base == 0 && r0 == g;  // FirstLoads holds these
         uint4 q[kUnroll];
 #pragma unroll
         for (int i = 0; i < kUnroll; ++i) {
           const int r = r0 + i * groups;
-          q[i] = loaded ? first[i] : r < rows ? LoadStream(p + r * ld) : make_uint4(0u, 0u, 0u, 0u);
+          q[i] = r < rows ? LoadStream(p + r * ld) : make_uint4(0u, 0u, 0u, 0u);
         }
 #pragma unroll
         for (int i = 0; i < kUnroll; ++i) {
@@ -243,7 +222,6 @@ __device__ __forceinline__ void WeightedRowSum(const W* __restrict__ w, long lon
 #pragma unroll
       for (int j = 0; j < V; ++j) scratch[(g * width + v) * V + j] = acc[j];
     }
-    if (base + kBlock >= nvec) after_loads();
     __syncthreads();
     for (int c = tid; c < width * V; c += kBlock) {
       float s = 0.f;
@@ -353,19 +331,6 @@ __global__ void __launch_bounds__(kThreads) RouteTokenKernel(RouteTokenArgs a) {
   }
 }
 
-// Where an item's gate and linear columns start in a row of fc1 [H, 2F]: vector c < half of the
-// gate's units u0 .., then the linear's.
-struct Fc1Column {
-  int u0, ffn, half;
-  __device__ long long operator()(int c) const {
-    return static_cast<long long>(u0) + (c < half ? c * kVec : ffn + (c - half) * kVec);
-  }
-};
-
-struct Fc2Column {
-  __device__ long long operator()(int c) const { return static_cast<long long>(c) * kVec; }
-};
-
 template <typename T>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm) TokenFfnKernel(TokenFfnArgs a) {
   extern __shared__ float smem[];
@@ -381,13 +346,8 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) TokenFfnKernel(TokenFf
   const int u0 = (routed ? (item - a.shared_items) % a.blocks_per_choice : item) * a.units;
   const int units = min(a.units, ffn - u0);
   float* out = a.out + static_cast<long long>(item) * a.hidden;
-  // A routed block behind the routing kernel loads x while the routing runs; every other block
-  // knows its weights at once and issues fc1's first loads before loading x.
-  const bool waits = routed && a.after_routing;
-  if (waits) {
-    LoadToken<T, kThreads>(static_cast<const T*>(a.x), a.hidden, a.norm, xs, lanes);
-    WaitForRouting();  // its expert and weight
-  }
+  LoadToken<T, kThreads>(static_cast<const T*>(a.x), a.hidden, a.norm, xs, lanes);
+  if (routed) WaitForRouting();  // its expert and weight
   const int expert = routed ? a.experts[choice] : 0;
   const float scale = routed ? a.weights[choice] : a.shared_scale == nullptr ? 1.f : *a.shared_scale;
   if (routed && (expert < 0 || expert >= a.num_experts)) {
@@ -396,24 +356,21 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) TokenFfnKernel(TokenFf
   }
   const long long h2f = 2LL * a.hidden * ffn;
   const T* w1 = routed ? static_cast<const T*>(a.w1) + expert * h2f : static_cast<const T*>(a.shared_w1);
-  const T* w2 = (routed ? static_cast<const T*>(a.w2) + expert * (h2f / 2) : static_cast<const T*>(a.shared_w2)) +
-                static_cast<long long>(u0) * a.hidden;  // the item's rows of fc2
+  const T* w2 = routed ? static_cast<const T*>(a.w2) + expert * (h2f / 2) : static_cast<const T*>(a.shared_w2);
   const int half = units / kVec;  // vectors of gate (and of linear) columns per row
-  const Fc1Column fc1_column{u0, ffn, half};
-  uint4 fc1_first[kUnroll], fc2_first[kUnroll];
-  FirstLoads<T, kThreads>(w1, 2LL * ffn, a.hidden, 2 * half, fc1_column, fc1_first);
-  if (!waits) LoadToken<T, kThreads>(static_cast<const T*>(a.x), a.hidden, a.norm, xs, lanes);
   WeightedRowSum<T, kThreads>(
-      w1, 2LL * ffn, a.hidden, xs, 2 * half, fc1_column, scratch, [=](int col, float s) { h[col] = s; }, fc1_first,
-      [&] { FirstLoads<T, kThreads>(w2, a.hidden, units, a.hidden / kVec, Fc2Column{}, fc2_first); });
+      w1, 2LL * ffn, a.hidden, xs, 2 * half,
+      [=](int c) { return static_cast<long long>(u0) + (c < half ? c * kVec : ffn + (c - half) * kVec); }, scratch,
+      [=](int col, float s) { h[col] = s; });
   for (int u = tid; u < units; u += kThreads) {
     const float gate = Rounded<T>(h[u]), lin = Rounded<T>(h[units + u]);
     act[u] = Rounded<T>(SwigluF32(gate, lin));
   }
   __syncthreads();
   WeightedRowSum<T, kThreads>(
-      w2, a.hidden, units, act, a.hidden / kVec, Fc2Column{}, scratch, [=](int col, float s) { out[col] = scale * s; },
-      fc2_first, [] {});
+      w2 + static_cast<long long>(u0) * a.hidden, a.hidden, units, act, a.hidden / kVec,
+      [](int c) { return static_cast<long long>(c) * kVec; }, scratch,
+      [=](int col, float s) { out[col] = scale * s; });
 }
 
 bool HasDims(const ffi::AnyBuffer& b, std::initializer_list<int64_t> dims) {
@@ -488,9 +445,9 @@ ffi::Error Poison(cudaStream_t stream, std::initializer_list<std::pair<void*, si
   return ffi::Error::Success();
 }
 
-// TokenFfnKernel over a.items blocks; a.after_routing: a programmatic dependent launch behind
+// TokenFfnKernel over a.items blocks; after_routing: a programmatic dependent launch behind
 // RouteTokenKernel (compute capability 9.0 and up).
-ffi::Error LaunchFfn(const TokenFfnArgs& a, ffi::DataType type, cudaStream_t stream) {
+ffi::Error LaunchFfn(const TokenFfnArgs& a, ffi::DataType type, bool after_routing, cudaStream_t stream) {
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(static_cast<unsigned>(a.items));
   config.blockDim = dim3(kThreads);
@@ -500,7 +457,7 @@ ffi::Error LaunchFfn(const TokenFfnArgs& a, ffi::DataType type, cudaStream_t str
   attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr.val.programmaticStreamSerializationAllowed = 1;
   config.attrs = &attr;
-  config.numAttrs = a.after_routing ? 1 : 0;
+  config.numAttrs = after_routing ? 1 : 0;
   const cudaError_t status = type == ffi::DataType::BF16
                                  ? cudaLaunchKernelEx(&config, TokenFfnKernel<__nv_bfloat16>, a)
                                  : cudaLaunchKernelEx(&config, TokenFfnKernel<__half>, a);
@@ -525,7 +482,7 @@ ffi::Error TokenFfn(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer w1, ff
   a->weights = weights.typed_data();
   a->shared_scale = shared_scale.typed_data();
   TE_ASYNC_RETURN_IF_ERROR(Poison(stream, {{out->untyped_data(), out->size_bytes()}}));
-  return LaunchFfn(*a, x.element_type(), stream);
+  return LaunchFfn(*a, x.element_type(), false, stream);
 }
 
 template <typename T>
@@ -610,8 +567,7 @@ ffi::Error TokenMoe(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer norm_s
   TE_ASYNC_RETURN_IF_ERROR(x.element_type() == ffi::DataType::BF16
                                ? LaunchRoute<__nv_bfloat16>(r, router_f32, hopper, smem, stream)
                                : LaunchRoute<__half>(r, router_f32, hopper, smem, stream));
-  a->after_routing = hopper;
-  return LaunchFfn(*a, x.element_type(), stream);
+  return LaunchFfn(*a, x.element_type(), hopper, stream);
 }
 
 static_assert(FfnSharedBytes(kMaxHidden, kMaxUnits) <= 48 * 1024, "dynamic shared memory past the default limit");
