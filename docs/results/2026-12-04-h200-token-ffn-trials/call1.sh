@@ -15,7 +15,7 @@ PYTEST_ARGS="tests/test_token_ffn.py tests/test_token_moe.py" OUT=$R bash tools/
 for i in 1 2; do for t in before new; do
   pp=; [ $t = before ] && pp=/tmp/before
   echo "=== $(date +%T) ab $t $i"
-  PYTHONPATH=$pp timeout 100 python3 -P docs/results/2026-12-04-h200-shared-first/moe_ab.py ${t}_$i > $R/ab_${t}_$i.log 2>&1
+  PYTHONPATH=$pp timeout 100 python3 -P docs/results/2026-12-04-h200-token-ffn-trials/moe_ab.py ${t}_$i > $R/ab_${t}_$i.log 2>&1
   tail -n 1 $R/ab_${t}_$i.log
 done; done
 tar czf $OUT/runs_call1.tgz -C $R .
