@@ -26,9 +26,8 @@
 // blocks, they are the ones that run during the routing (with one wave, as plan_units prefers,
 // the order measured no different: docs/benchmarks.md, table GM's notes; every block taking a
 // shared slice before its routed item, so that all blocks read during the routing, measured
-// slower: a block's serial phases cost more than the routing's wait, table TF's notes). Item i of
-// choice c reads expert experts[c] on the GPU, so the kernel sits in a CUDA graph. Per item (256
-// threads):
+// slower, as did issuing each phase's first loads ahead: table TF's notes). Item i of choice c
+// reads expert experts[c] on the GPU, so the kernel sits in a CUDA graph. Per item (256 threads):
 //   1. x [H] to shared memory as f32 (normalised there in the MoE call).
 //   2. fc1: the item's gate and linear columns (2 * units / 8 16-byte vectors per row of
 //      w_fc1 [H, 2F]) times x, summed over H: thread (g, v) owns vector v and rows g, g + G, ...
