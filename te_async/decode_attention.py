@@ -5,7 +5,7 @@ scan's carry. XLA's attention reads layer l of it through a dynamic slice that i
 copying the whole layer's cache in every step (4.78 of 20.6 ms of GPU time in DeepSeek-V2-Lite's
 B=64 step). `decode_attention` takes the stacked array and the layer index instead. On the GPU,
 for bf16, the head shapes of DeepSeek-V2's MLA and of 128-dim grouped-query heads, and at least
-AUTO_MIN_PAIRS (sequence, kv head) pairs (fewer ran slower than XLA), it runs
+AUTO_MIN_PAIRS (sequence, kv head) pairs (at one, XLA's measured as fast in the whole model), it runs
 csrc/cuda/decode_attention.cu: flash decoding on the tensor cores that reads each visible key once,
 in two kernels (the splits, then their merge), inside the step's CUDA graph. Elsewhere it runs
 `decode_attention_reference`, plain JAX, which is also what the kernel is checked against.
@@ -32,8 +32,8 @@ MIN_CHUNK = 2 * KEY_TILE  # so that a split loads its next tile while it compute
 # "auto" takes the kernel from this many (sequence, kv head) pairs up. The whole model on an H200,
 # 4096 cached tokens, device mode, generate's loop per token against XLA's attention
 # (docs/benchmarks.md, table AP): DeepSeek-V2-Lite at 1 pair (B=1) even (2.765 against 2.759 ms,
-# table AL's notes), at 2 pairs (B=2) 1.06x faster; Qwen3-30B-A3B at 4 pairs (B=1) 1.06x faster; DeepSeek-V2-Lite at
-# 8 and 64 pairs 1.08x and 1.21x faster (table A).
+# table AL's notes), at 2 pairs (B=2) 1.06x faster; Qwen3-30B-A3B at 4 pairs (B=1) 1.06x faster;
+# DeepSeek-V2-Lite at 8 and 64 pairs 1.08x and 1.21x faster (table A).
 AUTO_MIN_PAIRS = 2
 
 

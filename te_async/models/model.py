@@ -35,9 +35,9 @@ _STATIC = ("config", "group_sizes_mode", "experts")
 # The batches at which generate writes its decode steps' layers out. DeepSeek-V2-Lite, 4096 cached
 # tokens, device mode, one H200, generate's loop p50, unrolled against scanned (docs/benchmarks.md,
 # table G4): B=1 0.92x, 2 0.99x, 4 1.09x, 8 1.15x, 32 1.06x; re-measured at B=2 (table AP) 0.94x
-# with XLA's attention and 0.97x with the decode attention kernel. Up to 16 the routed experts run the same kernel (small_groups) whether CUTLASS
-# is built or not; B=32 ran it in a build without CUTLASS, where a CUTLASS build runs CUTLASS, so
-# the range stops at 16 until that is measured.
+# with XLA's attention and 0.97x with the decode attention kernel. Up to 16 the routed experts run
+# the same kernel (small_groups) whether CUTLASS is built or not; B=32 ran it in a build without
+# CUTLASS, where a CUTLASS build runs CUTLASS, so the range stops at 16 until that is measured.
 UNROLL_BATCHES = range(4, 17)
 
 
