@@ -5,9 +5,9 @@ scan's carry. XLA's attention reads layer l of it through a dynamic slice that i
 copying the whole layer's cache in every step (4.78 of 20.6 ms of GPU time in DeepSeek-V2-Lite's
 B=64 step). `decode_attention` takes the stacked array and the layer index instead. On the GPU,
 for bf16, the head shapes of DeepSeek-V2's MLA and of 128-dim grouped-query heads, and at least
-AUTO_MIN_PAIRS (sequence, kv head) pairs (at one, XLA's measured as fast in the whole model), it runs
-csrc/cuda/decode_attention.cu: flash decoding on the tensor cores that reads each visible key once,
-in two kernels (the splits, then their merge), inside the step's CUDA graph. Elsewhere it runs
+AUTO_MIN_PAIRS (sequence, kv head) pairs (at one, XLA's attention measured as fast in the whole
+model), it runs csrc/cuda/decode_attention.cu: flash decoding on the tensor cores that reads each
+visible key once, in two kernels (the splits, then their merge), inside the step's CUDA graph. Elsewhere it runs
 `decode_attention_reference`, plain JAX, which is also what the kernel is checked against.
 
 TE_ASYNC_DECODE_ATTENTION (read once): "auto" (default), "xla" (always the reference, for
