@@ -145,12 +145,22 @@ def test_kernel_table_and_files(tmp_path):
     assert table == [("TokenFfnKernel", 2, 19.0, 0.0), ("loop_add_fusion", 2, 2.0, 6.0),
                      ("input_reduce_fusion", 2, 4.0, 0.0), ("memcpy32_post", 1, 1.0, 0.0)]
     md = trace.kernel_markdown({"device": iv}, top=2)
-    assert "7 launches, 26.0 us of kernels, 6.0 us idle" in md and "| TokenFfnKernel | 2 | 19.0 | 73% | 0.0 |" in md
+    assert "7 launches, 26.0 us of kernels, 6.0 us idle between them; no gap over 5 us" in md
+    assert "| TokenFfnKernel | 2 | 19.0 | 73% | 0.0 |" in md
     assert "memcpy32_post" not in md
     trace.write_timeline({"device": iv}, tmp_path / "t", plots=False)
     assert json.loads((tmp_path / "t.json").read_text())["device"][1][3] == te
     assert (tmp_path / "t_kernels.md").read_text() == trace.kernel_markdown({"device": iv})
     assert not (tmp_path / "t.png").exists()
+
+
+def test_long_gaps_line():
+    """Gaps over LONG_GAP_US counted, summed and the longest named by the kernel after them."""
+    iv = [("s", 0.0, 2.0, "a_1"), ("s", 10.0, 1.0, "b_1"), ("s", 11.5, 1.0, "c"), ("s", 40.0, 2.0, "a_2"),
+          ("s", 42.0, 1.0, "b_2")]
+    assert trace.long_gaps_line(iv) == "2 gaps over 5 us, 35.5 us in all; the longest: 27.5 before a, 8.0 before b"
+    assert trace.long_gaps_line(iv, most=1).endswith("the longest: 27.5 before a")
+    assert trace.long_gaps_line(iv[:1]) == "no gap over 5 us"
 
 
 def test_real_cpu_trace(tmp_path):

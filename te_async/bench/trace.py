@@ -222,29 +222,49 @@ def kernel_name(name: str) -> str:
     return match.group(1) if match else re.sub(r"[._]\d+$", "", name)[:60]
 
 
-def kernel_table(intervals) -> list:
-    """[(kernel, launches, busy_us, idle_before_us)] of one step's timeline_intervals, most time
-    first: idle_before_us is the idle time just before each launch (the gaps of the step, each
-    charged to the kernel that ended it; a scan's trip boundaries land on its body's first kernel)."""
-    rows = {}
+LONG_GAP_US = 5.0  # an idle gap longer than a launch's own latency: the GPU waited for the host
+
+
+def launches(intervals):
+    """(kernel, busy_us, idle_before_us) of each launch of one step's timeline_intervals, in time
+    order: the idle time just before it, on every stream (a gap is charged to the kernel that
+    ended it; a scan's trip boundaries land on its body's first kernel)."""
     covered = None
     for _, start, dur, name in sorted(intervals, key=lambda iv: iv[1]):
-        row = rows.setdefault(kernel_name(name), [0, 0.0, 0.0])
+        yield kernel_name(name), dur, 0.0 if covered is None else max(0.0, start - covered)
+        covered = start + dur if covered is None else max(covered, start + dur)
+
+
+def kernel_table(intervals) -> list:
+    """[(kernel, launches, busy_us, idle_before_us)] of one step's timeline_intervals, most time
+    first, summed over the launches of each kernel."""
+    rows = {}
+    for kernel, dur, idle in launches(intervals):
+        row = rows.setdefault(kernel, [0, 0.0, 0.0])
         row[0] += 1
         row[1] += dur
-        row[2] += 0.0 if covered is None else max(0.0, start - covered)
-        covered = start + dur if covered is None else max(covered, start + dur)
+        row[2] += idle
     return sorted(((k, n, busy, idle) for k, (n, busy, idle) in rows.items()), key=lambda r: -(r[2] + r[3]))
 
 
+def long_gaps_line(intervals, most: int = 5) -> str:
+    """The gaps over LONG_GAP_US, counted and summed, and the `most` longest with the kernel each
+    came before: many of them at a scan's trip boundaries mean the host fell behind the GPU."""
+    gaps = sorted(((idle, k) for k, _, idle in launches(intervals) if idle > LONG_GAP_US), reverse=True)
+    if not gaps:
+        return f"no gap over {LONG_GAP_US:g} us"
+    longest = ", ".join(f"{idle:.1f} before {k}" for idle, k in gaps[:most])
+    return f"{len(gaps)} gaps over {LONG_GAP_US:g} us, {sum(g for g, _ in gaps):.1f} us in all; the longest: {longest}"
+
+
 def kernel_markdown(intervals_by_mode, top: int = 25) -> str:
-    """Per mode, the `top` rows of kernel_table, as markdown."""
+    """Per mode, the `top` rows of kernel_table and the long gaps' line, as markdown."""
     parts = []
     for mode, intervals in intervals_by_mode.items():
         rows = kernel_table(intervals)
         busy = sum(r[2] for r in rows)
         lines = [f"**{mode}**: {sum(r[1] for r in rows)} launches, {busy:.1f} us of kernels, "
-                 f"{sum(r[3] for r in rows):.1f} us idle between them", "",
+                 f"{sum(r[3] for r in rows):.1f} us idle between them; {long_gaps_line(intervals)}", "",
                  "| kernel | launches | GPU us | share | idle before us |", "|---|---|---|---|---|"]
         lines += [f"| {k} | {n} | {us:.1f} | {us / busy:.0%} | {idle:.1f} |" for k, n, us, idle in rows[:top]]
         parts.append("\n".join(lines))
