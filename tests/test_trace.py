@@ -161,6 +161,7 @@ def test_long_gaps_line():
     assert trace.long_gaps_line(iv) == "2 gaps over 5 us, 35.5 us in all; the longest: 27.5 before a, 8.0 before b"
     assert trace.long_gaps_line(iv, most=1).endswith("the longest: 27.5 before a")
     assert trace.long_gaps_line(iv[:1]) == "no gap over 5 us"
+    assert trace.long_gaps_line(iv[:2]) == "1 gap over 5 us, 8.0 us in all; the longest: 8.0 before b"
 
 
 def test_real_cpu_trace(tmp_path):

@@ -254,7 +254,8 @@ def long_gaps_line(intervals, most: int = 5) -> str:
     if not gaps:
         return f"no gap over {LONG_GAP_US:g} us"
     longest = ", ".join(f"{idle:.1f} before {k}" for idle, k in gaps[:most])
-    return f"{len(gaps)} gaps over {LONG_GAP_US:g} us, {sum(g for g, _ in gaps):.1f} us in all; the longest: {longest}"
+    count = f"{len(gaps)} gap{'s' if len(gaps) > 1 else ''}"
+    return f"{count} over {LONG_GAP_US:g} us, {sum(g for g, _ in gaps):.1f} us in all; the longest: {longest}"
 
 
 def kernel_markdown(intervals_by_mode, top: int = 25) -> str:
