@@ -7,8 +7,9 @@ B=64 step). `decode_attention` takes the stacked array and the layer index inste
 for bf16, the head shapes of DeepSeek-V2's MLA and of 128-dim grouped-query heads, and at least
 AUTO_MIN_PAIRS (sequence, kv head) pairs (at one, XLA's attention measured as fast in the whole
 model), it runs csrc/cuda/decode_attention.cu: flash decoding on the tensor cores that reads each
-visible key once, in two kernels (the splits, then their merge), inside the step's CUDA graph. Elsewhere it runs
-`decode_attention_reference`, plain JAX, which is also what the kernel is checked against.
+visible key once, in two kernels (the splits, then their merge), inside the step's CUDA graph.
+Elsewhere it runs `decode_attention_reference`, plain JAX, which is also what the kernel is checked
+against.
 
 TE_ASYNC_DECODE_ATTENTION (read once): "auto" (default), "xla" (always the reference, for
 comparison) or "te_async" (the kernel; an error where it cannot run).
