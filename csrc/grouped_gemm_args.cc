@@ -11,9 +11,10 @@ bool IsGemmType(ffi::DataType t) {
 
 }  // namespace
 
-std::string Dims(const ffi::AnyBuffer& b) {
+std::string Dims(const ffi::AnyBuffer& b) { return Dims(b.dimensions()); }
+
+std::string Dims(ffi::Span<const int64_t> d) {
   std::string s = "[";
-  auto d = b.dimensions();
   for (size_t i = 0; i < d.size(); ++i) s += (i ? "," : "") + std::to_string(d[i]);
   return s + "]";
 }

@@ -33,6 +33,7 @@ struct GroupedGemmShape {
 
 // A buffer's dimensions as "[d0,d1,...]", for error messages.
 std::string Dims(const ffi::AnyBuffer& b);
+std::string Dims(ffi::Span<const int64_t> dims);
 
 // 1..kMaxGroups groups, with a message for each way to miss (every handler's entry check).
 ffi::Error CheckGroupCount(int64_t groups);

@@ -15,6 +15,7 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(kExpertGemmCuda);  // expert_gemm.cc
 XLA_FFI_DECLARE_HANDLER_SYMBOL(kRouteCuda);       // moe_routing.cu
 XLA_FFI_DECLARE_HANDLER_SYMBOL(kDecodeAttentionCuda);  // decode_attention.cu
 XLA_FFI_DECLARE_HANDLER_SYMBOL(kMlaDecodeCuda);        // mla_decode.cu
+XLA_FFI_DECLARE_HANDLER_SYMBOL(kMlaTokenCuda);         // mla_token.cu
 XLA_FFI_DECLARE_HANDLER_SYMBOL(kTokenFfnCuda);         // token_ffn.cu
 XLA_FFI_DECLARE_HANDLER_SYMBOL(kTokenMoeCuda);         // token_ffn.cu
 

@@ -59,8 +59,10 @@
 #include "cuda/device_gemm.h"
 #include "cuda/handlers.h"
 #include "cuda/moe_routing.h"
+#include "cuda/programmatic_launch.cuh"
 #include "cuda/route_top_k.cuh"
 #include "cuda/vector_loads.cuh"
+#include "cuda/weighted_row_sum.cuh"
 #include "debug_flags.h"
 #include "grouped_gemm_args.h"
 
@@ -73,7 +75,6 @@ constexpr int kThreads = 256;
 constexpr int kBlocksPerSm = 2;  // measured as fast as one 512-thread block and faster than four (benchmarks.md, TF)
 constexpr int kRouteSlices = 8;  // RouteTokenKernel's cluster (the portable size): 32 KB of router each at E = 64, H = 2048
 constexpr int kVec = 8;           // 16-bit elements per 16-byte vector (4 for a float32 router)
-constexpr int kUnroll = 8;        // loads in flight per thread
 constexpr int kRoutePreload = 16; // router vectors per thread loaded before the norm: all of a float32 [2048, 64] slice
 constexpr int kNormLanes = 256;   // strided partial sums of x^2, in one order for both kernels
 constexpr int kMaxHidden = 4096;  // x in shared memory as f32, with the sums' scratch
@@ -127,12 +128,6 @@ __device__ __forceinline__ float Rounded(float v) {
   return ToFloat<T>(FromFloat<T>(v));
 }
 
-__device__ __forceinline__ void WaitForRouting() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  cudaGridDependencySynchronize();  // returns at once where the launch has no programmatic dependency
-#endif
-}
-
 // x [H] -> xs [H] as f32, RMS-normalised when n.scale is set: y = x * rsqrt(mean(x^2) + eps), then
 // (round_first: transformers' RMSNorm) round(round(y) * round(scale)) or (te_async.mlp.normalize)
 // round(y * scale). The scale is loaded with x, into registers, so that its read does not wait for
@@ -180,55 +175,6 @@ __device__ void LoadToken(const T* x, int hidden, const TokenNorm& n, float* xs,
     }
   }
   __syncthreads();
-}
-
-// For each 16-byte column vector c < nvec of w (V = 16 / sizeof(W) elements, at element offset
-// column(c) in a row): the sum over r < rows of coef[r] * w[r * ld + column(c) + j], j < V, in f32,
-// handed to store(c * V + j, sum). Threads own one vector and every G-th row; the G partial sums
-// are added in group order. scratch: kBlock * V floats.
-template <typename W, int kBlock, typename Column, typename Store>
-__device__ __forceinline__ void WeightedRowSum(const W* __restrict__ w, long long ld, int rows,
-                                               const float* coef, int nvec, Column column, float* scratch,
-                                               Store store) {
-  constexpr int V = Elem<W>::kVec;
-  const int tid = threadIdx.x;
-  for (int base = 0; base < nvec; base += kBlock) {
-    const int width = min(kBlock, nvec - base);
-    const int groups = kBlock / width;
-    const int v = tid % width, g = tid / width;
-    if (g < groups) {
-      float acc[V] = {};
-      const W* p = w + column(base + v);
-      for (int r0 = g; r0 < rows; r0 += groups * kUnroll) {
-        uint4 q[kUnroll];
-#pragma unroll
-        for (int i = 0; i < kUnroll; ++i) {
-          const int r = r0 + i * groups;
-          q[i] = r < rows ? LoadStream(p + r * ld) : make_uint4(0u, 0u, 0u, 0u);
-        }
-#pragma unroll
-        for (int i = 0; i < kUnroll; ++i) {
-          const int r = r0 + i * groups;
-          if (r < rows) {
-            float f[V];
-            Unpack<W>(q[i], f);
-            const float c = coef[r];
-#pragma unroll
-            for (int j = 0; j < V; ++j) acc[j] = fmaf(c, f[j], acc[j]);
-          }
-        }
-      }
-#pragma unroll
-      for (int j = 0; j < V; ++j) scratch[(g * width + v) * V + j] = acc[j];
-    }
-    __syncthreads();
-    for (int c = tid; c < width * V; c += kBlock) {
-      float s = 0.f;
-      for (int gg = 0; gg < groups; ++gg) s += scratch[gg * width * V + c];
-      store(base * V + c, s);
-    }
-    __syncthreads();
-  }
 }
 
 // One block's slice of the router GEMM, rows r0 .. r0 + rows of router [H, E] times xs[r0 ..]:
@@ -284,7 +230,7 @@ __device__ __forceinline__ int RouterSlice(const RouteTokenArgs& a, int r0, int 
 template <typename T, typename W>
 __global__ void __launch_bounds__(kThreads) RouteTokenKernel(RouteTokenArgs a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  cudaTriggerProgrammaticLaunchCompletion();  // TokenFfnKernel may start: it waits where it needs the routing
+  StartDependents();  // TokenFfnKernel may start: it waits where it needs the routing
   __cluster_barrier_arrive_relaxed();  // with the wait below, before the first write to rank 0: every block has started
   const int rank = static_cast<int>(__clusterRelativeBlockRank()), slices = static_cast<int>(__clusterSizeInBlocks());
 #else
@@ -346,7 +292,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) TokenFfnKernel(TokenFf
   const int units = min(a.units, ffn - u0);
   float* out = a.out + static_cast<long long>(item) * a.hidden;
   LoadToken<T, kThreads>(static_cast<const T*>(a.x), a.hidden, a.norm, xs, lanes);
-  if (routed) WaitForRouting();  // its expert and weight
+  if (routed) WaitForPrevious();  // its expert and weight
   const int expert = routed ? a.experts[choice] : 0;
   const float scale = routed ? a.weights[choice] : a.shared_scale == nullptr ? 1.f : *a.shared_scale;
   if (routed && (expert < 0 || expert >= a.num_experts)) {
@@ -452,9 +398,7 @@ ffi::Error LaunchFfn(const TokenFfnArgs& a, ffi::DataType type, bool after_routi
   config.blockDim = dim3(kThreads);
   config.dynamicSmemBytes = FfnSharedBytes(a.hidden, a.units);
   config.stream = stream;
-  cudaLaunchAttribute attr;
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute attr = ProgrammaticDependency();
   config.attrs = &attr;
   config.numAttrs = after_routing ? 1 : 0;
   const cudaError_t status = type == ffi::DataType::BF16

@@ -72,6 +72,13 @@ def stacked(cache_array) -> tuple:
     return cache_array[None], 0
 
 
+def restacked(cache_array, stack: jax.Array):
+    """The cache entry `cache_array` with its stack replaced by `stack` (stacked()'s inverse)."""
+    if isinstance(cache_array, LayerOf):
+        return LayerOf(stack, cache_array.index)
+    return stack[0]
+
+
 def gqa_attention(p: dict, cfg, x: jax.Array, cos: jax.Array, sin: jax.Array, cache: Optional[dict],
                   position, window: Optional[int]) -> tuple:
     """(output [B,S,hidden], cache) for x [B,S,hidden]; see the module docstring."""

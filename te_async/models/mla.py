@@ -27,9 +27,10 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
+from .. import mla_token
 from ..decode_attention import attend, causal_mask
 from ..mla_decode import mla_decode_attention
-from .attention import linear, project_input, stacked, write
+from .attention import linear, project_input, restacked, stacked, write
 from .config import yarn_mscale
 from .norm import rms_norm
 from .rope import apply_rope, interleaved_to_half
@@ -60,12 +61,15 @@ def mla_attention(p: dict, cfg, x: jax.Array, cos: jax.Array, sin: jax.Array, ca
     else:
         q = linear(rms_norm(proj["q_a"], p["q_a_norm"], LATENT_NORM_EPS), p["wq_b"])
     q = q.reshape(b, s, heads, nope + rope_dim)
-    q_nope, q_pe = q[..., :nope], _rope(q[..., nope:], cos, sin, cfg.rope_interleave)
     ckv = proj["kv_a"]
-    c = rms_norm(ckv[..., :cfg.kv_lora_rank], p["kv_a_norm"], LATENT_NORM_EPS)
-    k_pe = _rope(ckv[..., None, cfg.kv_lora_rank:], cos, sin, cfg.rope_interleave)[:, :, 0]  # [B, S, rope_dim]
     w_kv = p["wkv_b"].reshape(heads, nope + vdim, cfg.kv_lora_rank)
     scale = softmax_scale(cfg)
+    if position is not None and mla_token.takes(q, ckv, w_kv, stacked(cache["ckv"])[0]):
+        out, cache = _token_kernel(q, ckv, p["kv_a_norm"], w_kv, cos, sin, cache, position, window, scale, cfg)
+        return linear(out.reshape(b, s, heads * vdim), p["wo"], p.get("bo")), cache
+    q_nope, q_pe = q[..., :nope], _rope(q[..., nope:], cos, sin, cfg.rope_interleave)
+    c = rms_norm(ckv[..., :cfg.kv_lora_rank], p["kv_a_norm"], LATENT_NORM_EPS)
+    k_pe = _rope(ckv[..., None, cfg.kv_lora_rank:], cos, sin, cfg.rope_interleave)[:, :, 0]  # [B, S, rope_dim]
     if position is None:
         kv = jnp.einsum("bsr,hdr->bshd", c, w_kv, preferred_element_type=jnp.float32).astype(x.dtype)
         k = jnp.concatenate([kv[..., :nope], jnp.broadcast_to(k_pe[:, :, None], (b, s, heads, rope_dim))], axis=-1)
@@ -77,6 +81,16 @@ def mla_attention(p: dict, cfg, x: jax.Array, cos: jax.Array, sin: jax.Array, ca
         cache = {"ckv": write(cache["ckv"], c, position), "kpe": write(cache["kpe"], k_pe, position)}
         out = _absorbed(q_nope, q_pe, w_kv, cache, position, window, scale)
     return linear(out.reshape(b, s, heads * vdim), p["wo"], p.get("bo")), cache
+
+
+def _token_kernel(q, kv_a, kv_norm, w_kv, cos, sin, cache, position, window, scale, cfg) -> tuple:
+    """The decode branch below for one token per sequence in one FFI call (te_async.mla_token),
+    which writes the cache rows itself: (out [B, 1, heads, v_head_dim], cache)."""
+    (ckv, layer), (kpe, _) = stacked(cache["ckv"]), stacked(cache["kpe"])
+    out, ckv, kpe = mla_token.mla_token_attention(q, kv_a, kv_norm, w_kv, cos[0], sin[0], ckv, kpe, position, layer,
+                                                  scale=scale, eps=LATENT_NORM_EPS, interleaved=cfg.rope_interleave,
+                                                  window=window)
+    return out, {"ckv": restacked(cache["ckv"], ckv), "kpe": restacked(cache["kpe"], kpe)}
 
 
 def _absorbed(q_nope, q_pe, w_kv, cache, position, window, scale) -> jax.Array:

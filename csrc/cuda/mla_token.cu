@@ -1,0 +1,287 @@
+// DeepSeek's multi-head latent attention for one new token per sequence, from the attention's input
+// projections to its output (before o_proj), in one FFI call of four kernels, each a programmatic
+// dependent of the one before (programmatic_launch.cuh; te_async/mla_token.py). At batch 1 XLA ran
+// this part of a layer as about 17 kernels and two copies of the layer's cache slice, some 34 us
+// of GPU time for 9 MB of reads (docs/design-b1-attention-block.md).
+//
+//   1. MlaTokenPrepKernel, block (head h x 64 latent columns, sequence b): the absorbed query
+//      q_latent[h, cols] = q_nope[h] . W_uk[h][:, cols] over wkv_b's key half (WeightedRowSum);
+//      the first column block of each head also rotates the head's rope query, and block (0, b)
+//      normalises the new latent (kv_a_layernorm), rotates the rope key and writes both into the
+//      stacked cache at (layer, b, position), in place (the call's aliased outputs).
+//   2. DecodeAttentionKernel over the latent cache, one kv head (decode_attention_kernels.cuh).
+//   3. CombineKernel: the merge of the key splits, out_latent [B, H, latent].
+//   4. MlaTokenOutKernel, block (head h x 16 value rows, sequence b): out[h, d] = out_latent[h] .
+//      W_uv[h, d] over wkv_b's value half, whose rows it loads before it waits for the merge.
+// Each boundary needs the whole previous result, hence four kernels; each lets the next start at
+// once, so that a kernel's launch and first loads overlap the previous one's work.
+//
+// Values are rounded to bf16 where te_async.models.mla's unfused path rounds them: the normalised
+// latent and both rotated rope parts (rms_norm, apply_rope: f32 math, then bf16), the latent query,
+// the attention's latent output and the output. A layer index or position outside the cache writes
+// nothing; the attention then gives NaN (a bad layer) or sees the keys it can (a position past the
+// cache, whose logits te_async.models makes NaN).
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+
+#include "cuda/cuda_check.h"
+#include "cuda/decode_attention_kernels.cuh"
+#include "cuda/handlers.h"
+#include "cuda/mla_decode.h"
+#include "cuda/programmatic_launch.cuh"
+#include "cuda/vector_loads.cuh"
+#include "cuda/weighted_row_sum.cuh"
+#include "debug_flags.h"
+#include "grouped_gemm_args.h"
+
+namespace te_async {
+namespace {
+
+namespace ffi = xla::ffi;
+using bf16 = __nv_bfloat16;
+
+constexpr int kNope = kMlaDecodeDims.nope, kRope = kMlaDecodeDims.rope;
+constexpr int kLatent = kMlaDecodeDims.latent, kValue = kMlaDecodeDims.value;
+constexpr int kThreads = 256;
+constexpr int kLatentColumns = 64;  // absorbed-query columns per prep block: 16 KB of W_uk
+constexpr int kLatentBlocks = kLatent / kLatentColumns;
+constexpr int kValueRows = 2 * kThreads / 32;  // W_uv rows per output block, 2 per warp: 16 KB
+constexpr int kValueBlocks = kValue / kValueRows;
+constexpr int kLatentPerThread = kLatent / kThreads;
+constexpr int kVectorsPerLane = kLatent / 8 / 32;  // 16-byte vectors of a W_uv row per lane
+// The split and merge kernels are instantiated for shape 0 of kDecodeAttentionShapes.
+constexpr DecodeAttentionShape kShape = kDecodeAttentionShapes[0];
+static_assert(kShape.key_dims == kLatent && kShape.rope_dims == kRope && kShape.value_dims == kLatent &&
+                  kShape.values_are_keys,
+              "decode attention's shape 0 is MLA's latent cache");
+static_assert(kLatent % kLatentColumns == 0 && kLatent % kThreads == 0 && kValue % kValueRows == 0 &&
+                  kRope <= kThreads && kNope <= kThreads && kVectorsPerLane * 8 * 32 == kLatent,
+              "whole blocks");
+
+struct PrepArgs {
+  const bf16 *q, *kv_a, *kv_norm, *w_kv;  // q [B, H, dn + dr], kv_a [B, latent + dr], kv_norm [latent],
+                                          // w_kv [H, dn + dv, latent]
+  const float *cos, *sin;                 // [dr], the token's rotation (with YaRN's attention factor)
+  const int *layer, *position;            // device scalars
+  bf16 *ckv, *kpe;                        // the stacked cache [L, B, N, latent] and [L, B, N, dr]
+  bf16 *q_latent, *q_rope;                // [B, H, latent], [B, H, dr]
+  int batch, heads, max_len, layers;
+  float eps;
+  bool interleaved;  // the rope parts come as DeepSeek's interleaved pairs (rope.interleaved_to_half)
+};
+
+struct OutArgs {
+  const bf16 *out_latent, *w_kv;  // [B, H, latent], [H, dn + dv, latent]
+  bf16* out;                      // [B, H, dv]
+  int heads;
+};
+
+// Element i of rope part x (dr values) rotated as te_async.models.rope.apply_rope does, in the half
+// layout: x[i] cos[i] - x[i + dr/2] sin[i] in the first half, x[i] cos[i] + x[i - dr/2] sin[i] in
+// the second.
+__device__ __forceinline__ bf16 Rotated(const bf16* x, int i, const PrepArgs& a) {
+  constexpr int kHalf = kRope / 2;
+  const auto at = [&](int j) {
+    return __bfloat162float(x[a.interleaved ? (j < kHalf ? 2 * j : 2 * (j - kHalf) + 1) : j]);
+  };
+  const float other = i < kHalf ? -at(i + kHalf) : at(i - kHalf);
+  return __float2bfloat16(at(i) * a.cos[i] + other * a.sin[i]);
+}
+
+__device__ __forceinline__ float BlockSum(float x, float* scratch) {
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) x += __shfl_xor_sync(0xffffffffu, x, d);
+  if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = x;
+  __syncthreads();
+  float s = 0.f;
+  for (int w = 0; w < kThreads / 32; ++w) s += scratch[w];
+  return s;
+}
+
+// kv_a_layernorm of the new latent (transformers' RMSNorm: normalise in f32, round, times the
+// weight, round) and the rotated rope key, into the cache at (layer, b, position).
+__device__ void WriteCacheRow(const PrepArgs& a, int b, float* scratch) {
+  const int tid = threadIdx.x, layer = *a.layer, position = *a.position;
+  const bf16* kv = a.kv_a + static_cast<size_t>(b) * (kLatent + kRope);
+  float x[kLatentPerThread], squares = 0.f;
+#pragma unroll
+  for (int j = 0; j < kLatentPerThread; ++j) {
+    x[j] = __bfloat162float(kv[tid + j * kThreads]);
+    squares = fmaf(x[j], x[j], squares);
+  }
+  const float r = rsqrtf(BlockSum(squares, scratch) / kLatent + a.eps);
+  if (layer < 0 || layer >= a.layers || position < 0 || position >= a.max_len) return;
+  const size_t row = (static_cast<size_t>(layer) * a.batch + b) * a.max_len + position;
+  bf16* c = a.ckv + row * kLatent;
+#pragma unroll
+  for (int j = 0; j < kLatentPerThread; ++j) {
+    const int i = tid + j * kThreads;
+    const float y = __bfloat162float(__float2bfloat16(x[j] * r));
+    c[i] = __float2bfloat16(__bfloat162float(a.kv_norm[i]) * y);
+  }
+  if (tid < kRope) a.kpe[row * kRope + tid] = Rotated(kv + kLatent, tid, a);
+}
+
+__global__ void __launch_bounds__(kThreads) MlaTokenPrepKernel(PrepArgs a) {
+  StartDependents();
+  __shared__ float q_nope[kNope];
+  __shared__ float scratch[kThreads * Elem<bf16>::kVec];
+  const int h = blockIdx.x / kLatentBlocks, part = blockIdx.x % kLatentBlocks, b = blockIdx.y, tid = threadIdx.x;
+  const size_t bh = static_cast<size_t>(b) * a.heads + h;
+  const bf16* q = a.q + bh * (kNope + kRope);
+  if (tid < kNope) q_nope[tid] = __bfloat162float(q[tid]);
+  __syncthreads();
+  bf16* q_latent = a.q_latent + bh * kLatent + part * kLatentColumns;
+  WeightedRowSum<bf16, kThreads>(
+      a.w_kv + static_cast<size_t>(h) * (kNope + kValue) * kLatent + part * kLatentColumns, kLatent, kNope, q_nope,
+      kLatentColumns / Elem<bf16>::kVec, [](int c) { return c * Elem<bf16>::kVec; }, scratch,
+      [&](int j, float s) { q_latent[j] = __float2bfloat16(s); });
+  if (part == 0 && tid < kRope) a.q_rope[bh * kRope + tid] = Rotated(q + kNope, tid, a);
+  if (h == 0 && part == 0) WriteCacheRow(a, b, scratch);
+}
+
+__global__ void __launch_bounds__(kThreads) MlaTokenOutKernel(OutArgs a) {
+  const int h = blockIdx.x / kValueBlocks, part = blockIdx.x % kValueBlocks, b = blockIdx.y;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int d0 = part * kValueRows + 2 * warp;
+  const bf16* w = a.w_kv + (static_cast<size_t>(h) * (kNope + kValue) + kNope + d0) * kLatent;
+  uint4 wv[2][kVectorsPerLane];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+#pragma unroll
+    for (int k = 0; k < kVectorsPerLane; ++k) wv[r][k] = LoadStream(w + r * kLatent + (lane + 32 * k) * 8);
+  }
+  WaitForPrevious();  // out_latent, written by the merge
+  const size_t bh = static_cast<size_t>(b) * a.heads + h;
+  const uint4* o = reinterpret_cast<const uint4*>(a.out_latent + bh * kLatent);
+  float acc[2] = {0.f, 0.f};
+#pragma unroll
+  for (int k = 0; k < kVectorsPerLane; ++k) {
+    float of[8];
+    Unpack<bf16>(o[lane + 32 * k], of);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float wf[8];
+      Unpack<bf16>(wv[r][k], wf);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) acc[r] = fmaf(of[j], wf[j], acc[r]);
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+#pragma unroll
+    for (int d = 16; d > 0; d >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], d);
+  }
+  if (lane == 0) {
+    a.out[bh * kValue + d0] = __float2bfloat16(acc[0]);
+    a.out[bh * kValue + d0 + 1] = __float2bfloat16(acc[1]);
+  }
+}
+
+ffi::Error MlaToken(cudaStream_t stream, ffi::Buffer<ffi::BF16> q, ffi::Buffer<ffi::BF16> kv_a,
+                    ffi::Buffer<ffi::BF16> kv_norm, ffi::Buffer<ffi::BF16> w_kv, ffi::Buffer<ffi::F32> cos,
+                    ffi::Buffer<ffi::F32> sin, ffi::Buffer<ffi::BF16> ckv, ffi::Buffer<ffi::BF16> kpe,
+                    ffi::Buffer<ffi::S32> layer, ffi::Buffer<ffi::S32> position,
+                    ffi::Result<ffi::Buffer<ffi::BF16>> out, ffi::Result<ffi::Buffer<ffi::BF16>> ckv_out,
+                    ffi::Result<ffi::Buffer<ffi::BF16>> kpe_out, ffi::Result<ffi::Buffer<ffi::BF16>> q_latent,
+                    ffi::Result<ffi::Buffer<ffi::BF16>> q_rope, ffi::Result<ffi::Buffer<ffi::F32>> partial,
+                    ffi::Result<ffi::Buffer<ffi::BF16>> out_latent, float scale, int64_t window, float eps,
+                    bool interleaved) {
+  auto bad = [&](const std::string& why) {
+    return ffi::Error::InvalidArgument("te_async mla_token: " + why + " (q " + Dims(q.dimensions()) + ", kv_a " + Dims(kv_a.dimensions()) +
+                                       ", w_kv " + Dims(w_kv.dimensions()) + ", ckv " + Dims(ckv.dimensions()) + ", kpe " + Dims(kpe.dimensions()) +
+                                       ", partial " + Dims(partial->dimensions()) + ")");
+  };
+  const auto qd = q.dimensions(), cd = ckv.dimensions(), pd = partial->dimensions();
+  if (qd.size() != 4 || cd.size() != 4 || pd.size() != 4) return bad("ranks");
+  const int64_t batch = qd[0], heads = qd[2], layers = cd[0], max_len = cd[2], splits = pd[0];
+  const auto is = [](const auto& buffer, std::initializer_list<int64_t> dims) {
+    const auto d = buffer.dimensions();
+    return std::equal(d.begin(), d.end(), dims.begin(), dims.end());
+  };
+  if (!is(q, {batch, 1, heads, kNope + kRope}) || !is(kv_a, {batch, 1, kLatent + kRope}) ||
+      !is(kv_norm, {kLatent}) || !is(w_kv, {heads, kNope + kValue, kLatent}) || !is(cos, {kRope}) ||
+      !is(sin, {kRope}) || !is(ckv, {layers, batch, max_len, kLatent}) || !is(kpe, {layers, batch, max_len, kRope}) ||
+      layer.element_count() != 1 || position.element_count() != 1 || !is(*out, {batch, 1, heads, kValue}) ||
+      !is(*q_latent, {batch, 1, heads, kLatent}) || !is(*q_rope, {batch, 1, heads, kRope}) ||
+      !is(*partial, {splits, batch, kDecodeAttentionMaxRows, kLatent + 2}) ||
+      !is(*out_latent, {batch, 1, heads, kLatent})) {
+    return bad("shapes: q [B, 1, H, " + std::to_string(kNope + kRope) + "], kv_a [B, 1, " +
+               std::to_string(kLatent + kRope) + "], w_kv [H, " + std::to_string(kNope + kValue) + ", " +
+               std::to_string(kLatent) + "], cache [L, B, N, latent and rope], partial [splits, B, 16, latent + 2]");
+  }
+  if (heads < 1 || heads > kDecodeAttentionMaxRows || batch < 1 || batch > 65535 || splits < 1 ||
+      splits > kDecodeAttentionMaxSplits || max_len > (int64_t{1} << 30) || layers * batch * max_len > (int64_t{1} << 40)) {
+    return bad("1 to " + std::to_string(kDecodeAttentionMaxRows) + " heads, 1 to " +
+               std::to_string(kDecodeAttentionMaxSplits) + " splits, a cache of at most 2^30 tokens");
+  }
+  if (ckv_out->untyped_data() != ckv.untyped_data() || kpe_out->untyped_data() != kpe.untyped_data()) {
+    return bad("the cache outputs must alias the cache inputs");
+  }
+  const auto in = [](const ffi::Buffer<ffi::BF16>& x) { return static_cast<const bf16*>(x.untyped_data()); };
+  const auto res = [](ffi::Result<ffi::Buffer<ffi::BF16>>& x) { return static_cast<bf16*>(x->untyped_data()); };
+  if (PoisonOutputs()) {
+    for (auto* r : {&out, &q_latent, &q_rope, &out_latent}) {
+      TE_ASYNC_CUDA(cudaMemsetAsync((*r)->untyped_data(), 0xff, (*r)->size_bytes(), stream));
+    }
+  }
+  const PrepArgs prep{in(q), in(kv_a), in(kv_norm), in(w_kv), cos.typed_data(), sin.typed_data(),
+                      layer.typed_data(), position.typed_data(), res(ckv_out), res(kpe_out), res(q_latent),
+                      res(q_rope), static_cast<int>(batch), static_cast<int>(heads), static_cast<int>(max_len),
+                      static_cast<int>(layers), eps, interleaved};
+  MlaTokenPrepKernel<<<dim3(heads * kLatentBlocks, batch), kThreads, 0, stream>>>(prep);
+  TE_ASYNC_RETURN_IF_ERROR(CudaStatus(cudaGetLastError(), "launch of MlaTokenPrepKernel"));
+
+  decode_attention_kernels::Args attend{
+      res(q_latent), res(q_rope), res(ckv_out), res(kpe_out), res(ckv_out), layer.typed_data(),
+      position.typed_data(), static_cast<int>(batch), 1, static_cast<int>(heads), 1, static_cast<int>(max_len),
+      static_cast<int>(layers), static_cast<int>(window), decode_attention_kernels::SplitChunk(max_len, splits),
+      scale * decode_attention_kernels::kLog2e, partial->typed_data(), res(out_latent)};
+  TE_ASYNC_RETURN_IF_ERROR(decode_attention_kernels::LaunchSplitsAndMerge<0>(stream, attend, static_cast<int>(splits),
+                                                                             true));
+
+  const OutArgs output{res(out_latent), in(w_kv), res(out), static_cast<int>(heads)};
+  cudaLaunchAttribute attr = ProgrammaticDependency();
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(heads * kValueBlocks, batch);
+  config.blockDim = dim3(kThreads);
+  config.stream = stream;
+  config.attrs = &attr;
+  config.numAttrs = 1;
+  return CudaStatus(cudaLaunchKernelEx(&config, MlaTokenOutKernel, output), "launch of MlaTokenOutKernel");
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kMlaTokenCuda, MlaToken,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::Buffer<ffi::BF16>>()  // q
+                                  .Arg<ffi::Buffer<ffi::BF16>>()  // kv_a
+                                  .Arg<ffi::Buffer<ffi::BF16>>()  // kv_norm
+                                  .Arg<ffi::Buffer<ffi::BF16>>()  // w_kv
+                                  .Arg<ffi::Buffer<ffi::F32>>()   // cos
+                                  .Arg<ffi::Buffer<ffi::F32>>()   // sin
+                                  .Arg<ffi::Buffer<ffi::BF16>>()  // ckv
+                                  .Arg<ffi::Buffer<ffi::BF16>>()  // kpe
+                                  .Arg<ffi::Buffer<ffi::S32>>()   // layer
+                                  .Arg<ffi::Buffer<ffi::S32>>()   // position
+                                  .Ret<ffi::Buffer<ffi::BF16>>()  // out
+                                  .Ret<ffi::Buffer<ffi::BF16>>()  // ckv, aliased
+                                  .Ret<ffi::Buffer<ffi::BF16>>()  // kpe, aliased
+                                  .Ret<ffi::Buffer<ffi::BF16>>()  // q_latent (workspace)
+                                  .Ret<ffi::Buffer<ffi::BF16>>()  // q_rope (workspace)
+                                  .Ret<ffi::Buffer<ffi::F32>>()   // partial (workspace)
+                                  .Ret<ffi::Buffer<ffi::BF16>>()  // out_latent (workspace)
+                                  .Attr<float>("scale")
+                                  .Attr<int64_t>("window")
+                                  .Attr<float>("eps")
+                                  .Attr<bool>("interleaved"),
+                              {ffi::Traits::kCmdBufferCompatible});
+
+}  // namespace te_async

@@ -1,0 +1,33 @@
+// Programmatic dependent launch (compute capability 9.0 and up). A kernel launched with
+// ProgrammaticDependency() behind another in the same stream may start as soon as every block of
+// that one has called StartDependents() (or ended), so its blocks are scheduled, and may load what
+// does not depend on the previous kernel, while that one still runs; WaitForPrevious() then waits
+// for the previous kernel to end with its writes visible. Kernels chained this way inside one FFI
+// call are captured by XLA into one graph node, where the programmatic edges hold.
+#pragma once
+
+#include <cuda_runtime.h>
+
+namespace te_async {
+
+__device__ __forceinline__ void StartDependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cudaTriggerProgrammaticLaunchCompletion();
+#endif
+}
+
+// Returns at once where the launch has no programmatic dependency.
+__device__ __forceinline__ void WaitForPrevious() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cudaGridDependencySynchronize();
+#endif
+}
+
+inline cudaLaunchAttribute ProgrammaticDependency() {
+  cudaLaunchAttribute attr = {};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  return attr;
+}
+
+}  // namespace te_async

@@ -1,0 +1,172 @@
+"""te_async.mla_token: MLA attention of one new token per sequence in one FFI call, against the
+unfused path of te_async.models.mla (norm, rope, cache write, mla_decode_unfused) and a float64
+NumPy reference, with DeepSeek-V2-Lite's head shape; the cache rows it writes in place, inside a
+scan over the stacked cache too; bad positions and layers; a DeepSeek-shaped model's decode steps."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from te_async import decode_attention as da
+from te_async import mla_decode as md
+from te_async import mla_token
+from te_async.mla_decode import mla_decode_unfused
+from te_async.models.attention import LayerOf, write
+from te_async.models.mla import LATENT_NORM_EPS, _rope
+from te_async.models.norm import rms_norm
+from te_async.models.rope import cos_sin
+from test_decode_attention import deepseek_decode_logits
+from test_mla_decode import numpy_mla, rel_max
+
+NOPE, ROPE, LATENT, VALUE = 128, 64, 512, 128
+SCALE = 0.07
+
+
+def make(rng, batch, heads, max_len, layers=3):
+    """Random bf16 (q, kv_a, kv_norm, w_kv, ckv, kpe), scaled so that the scores spread over a few units."""
+    x = lambda scale, *shape: jnp.asarray(scale * rng.standard_normal(shape), jnp.bfloat16)
+    return (x(1.0, batch, 1, heads, NOPE + ROPE), x(3.0, batch, 1, LATENT + ROPE),
+            jnp.asarray(1 + 0.2 * rng.standard_normal(LATENT), jnp.bfloat16), x(0.05, heads, NOPE + VALUE, LATENT),
+            x(1.0, layers, batch, max_len, LATENT), x(1.0, layers, batch, max_len, ROPE))
+
+
+def rotation(position):
+    cos, sin = cos_sin(jnp.asarray([position], jnp.int32), ROPE, 10000.0, None)
+    return cos[0], sin[0]
+
+
+def kernel(operands, position, layer, window=None, interleaved=True):
+    q, kv_a, kv_norm, w_kv, ckv, kpe = operands
+    cos, sin = rotation(max(position, 0))
+    f = jax.jit(lambda *a: mla_token.mla_token_attention(*a, scale=SCALE, eps=LATENT_NORM_EPS, interleaved=interleaved,
+                                                         window=window))
+    return f(q, kv_a, kv_norm, w_kv, cos, sin, ckv, kpe, jnp.int32(position), jnp.int32(layer))
+
+
+def unfused(operands, position, layer, window=None, interleaved=True):
+    """te_async.models.mla's decode branch without the call: (out, ckv, kpe)."""
+    q, kv_a, kv_norm, w_kv, ckv, kpe = operands
+    cos, sin = (c[None] for c in rotation(position))
+
+    def f(q, kv_a, ckv, kpe):
+        c = rms_norm(kv_a[..., :LATENT], kv_norm, LATENT_NORM_EPS)
+        k_pe = _rope(kv_a[..., None, LATENT:], cos, sin, interleaved)[:, :, 0]
+        ckv, kpe = write(LayerOf(ckv, layer), c, position).stack, write(LayerOf(kpe, layer), k_pe, position).stack
+        q_pe = _rope(q[..., NOPE:], cos, sin, interleaved)
+        out = mla_decode_unfused(q[..., :NOPE], q_pe, w_kv, ckv, kpe, jnp.int32(position), jnp.int32(layer),
+                                 scale=SCALE, window=window, attention="xla")
+        return out, ckv, kpe, q_pe
+
+    return jax.jit(f)(q, kv_a, ckv, kpe)
+
+
+def numpy_prep(operands, position, interleaved=True):
+    """float64: the normalised latent and the rotated rope key [B, ...] of the new token."""
+    _, kv_a, kv_norm, *_ = operands
+    kv = np.asarray(kv_a, np.float64)[:, 0]
+    c = kv[:, :LATENT] / np.sqrt(np.mean(kv[:, :LATENT] ** 2, axis=-1, keepdims=True) + LATENT_NORM_EPS)
+    c = c * np.asarray(kv_norm, np.float64)
+    k = kv[:, LATENT:]
+    if interleaved:
+        k = np.concatenate([k[:, 0::2], k[:, 1::2]], axis=-1)
+    theta = position / 10000.0 ** (np.arange(0, ROPE, 2) / ROPE)
+    cos, sin = np.cos(np.concatenate([theta, theta])), np.sin(np.concatenate([theta, theta]))
+    rotated = np.concatenate([-k[:, ROPE // 2:], k[:, :ROPE // 2]], axis=-1)
+    return c, k * cos + rotated * sin
+
+
+def test_refuses_what_it_cannot_run(rng):
+    """float32 operands (or no GPU): an error naming what the call takes, on any machine."""
+    operands = [jnp.asarray(x, jnp.float32) for x in make(rng, 1, 16, 64)]
+    assert not mla_token.applies(operands[0], operands[1], operands[3], operands[4])
+    with pytest.raises(ValueError, match="mla_token_attention needs a GPU"):
+        kernel(operands, 3, 0)
+
+
+CASES = [  # (batch, heads, max_len, position, window, interleaved)
+    (1, 16, 4096, 4095, None, True),  # DeepSeek-V2-Lite at batch 1, the cache full
+    (1, 16, 4096, 2000, None, False),
+    (2, 16, 300, 150, None, True),    # keys that do not split evenly
+    (3, 5, 257, 200, 33, True),       # 5 heads, a window
+    (2, 16, 64, 0, None, True),       # the first token: one key
+    (8, 16, 1024, 1000, None, True),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "B{}-H{}-N{}-p{}-w{}-i{:d}".format(*c))
+def test_matches_the_unfused_path_and_numpy(rng, case):
+    batch, heads, max_len, position, window, interleaved = case
+    operands = make(rng, batch, heads, max_len)
+    layer = int(rng.integers(3))
+    out, ckv, kpe = (np.asarray(x, np.float64) for x in kernel(operands, position, layer, window, interleaved))
+    ref_out, ref_ckv, ref_kpe, q_pe = unfused(operands, position, layer, window, interleaved)
+    ref_ckv, ref_kpe = np.asarray(ref_ckv, np.float64), np.asarray(ref_kpe, np.float64)
+    # the cache: every other row untouched, the new row as the unfused path and float64 round it
+    others = np.ones(ckv.shape[:3], bool)
+    others[layer, :, position] = False
+    np.testing.assert_array_equal(ckv[others], np.asarray(operands[4], np.float64)[others])
+    np.testing.assert_array_equal(kpe[others], np.asarray(operands[5], np.float64)[others])
+    c64, k64 = numpy_prep(operands, position, interleaved)
+    for got, want, exact in ((ckv[layer, :, position], c64, ref_ckv[layer, :, position]),
+                             (kpe[layer, :, position], k64, ref_kpe[layer, :, position])):
+        np.testing.assert_allclose(got, want, rtol=8e-3, atol=8e-3 * np.abs(want).max())  # bf16 rounding
+        assert np.mean(got == exact) > 0.99  # the same rounding points as the unfused path
+    # the output against float64 over the cache as written, with the unfused path's rope query
+    ref = numpy_mla(operands[0][..., :NOPE], q_pe, operands[3], ref_ckv, ref_kpe, position, layer, SCALE, window)
+    xla = np.asarray(ref_out, np.float64)
+    assert not np.isnan(out).any()
+    assert rel_max(out, ref) < max(2 * rel_max(xla, ref), 8e-3), (rel_max(out, ref), rel_max(xla, ref))
+    again = kernel(operands, position, layer, window, interleaved)
+    np.testing.assert_array_equal(out, np.asarray(again[0], np.float64))  # deterministic
+
+
+@pytest.mark.gpu
+def test_writes_the_stacked_cache_in_a_scan(rng):
+    """The decoder's use: inside lax.scan, the stacked cache a carry written in place at each layer."""
+    layers, position = 4, 500
+    operands = make(rng, 1, 16, 512, layers)
+    q, kv_a, kv_norm, w_kv, ckv, kpe = operands
+    cos, sin = rotation(position)
+
+    def over_layers(ckv, kpe):
+        def body(cache, layer):
+            out, c, k = mla_token.mla_token_attention(q, kv_a, kv_norm, w_kv, cos, sin, *cache, position, layer,
+                                                      scale=SCALE, eps=LATENT_NORM_EPS, interleaved=True)
+            return (c, k), out
+        return jax.lax.scan(body, (ckv, kpe), jnp.arange(layers, dtype=jnp.int32))
+
+    (c, k), outs = jax.jit(over_layers, donate_argnums=(0, 1))(jnp.array(ckv), jnp.array(kpe))
+    c, k = np.asarray(c), np.asarray(k)
+    others = np.ones(c.shape[:3], bool)
+    others[:, 0, position] = False
+    np.testing.assert_array_equal(c[others], np.asarray(ckv)[others])
+    for layer in range(layers):
+        ref_out, ref_ckv, ref_kpe, _ = unfused(operands, position, layer)
+        assert np.mean(c[layer, 0, position] == np.asarray(ref_ckv[layer, 0, position])) > 0.99
+        assert np.mean(k[layer, 0, position] == np.asarray(ref_kpe[layer, 0, position])) > 0.99
+        assert rel_max(np.asarray(outs[layer], np.float64), np.asarray(ref_out, np.float64)) < 3e-2, layer
+
+
+@pytest.mark.gpu
+def test_a_bad_position_or_layer_writes_nothing(rng):
+    operands = make(rng, 1, 16, 128)
+    ckv, kpe = np.asarray(operands[4]), np.asarray(operands[5])
+    for position, layer, nan in ((-3, 0, True), (5, 7, True), (128, 1, False)):  # before, a layer past the stack, past the end
+        out, c, k = kernel(operands, position, layer)
+        np.testing.assert_array_equal(np.asarray(c), ckv)
+        np.testing.assert_array_equal(np.asarray(k), kpe)
+        assert np.isnan(np.asarray(out, np.float64)).all() == nan, (position, layer)
+        if not nan:
+            assert not np.isnan(np.asarray(out, np.float64)).any()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch", [1, 2])
+def test_model_decodes_the_same_through_the_call(monkeypatch, batch):
+    """The DeepSeek-shaped model's decode steps through the call ("auto") against the unfused path
+    with decode_attention's kernel."""
+    runs = {path: deepseek_decode_logits(monkeypatch, batch, {md: path, da: "te_async"}) for path in ("unfused", "auto")}
+    assert not np.isnan(runs["auto"]).any()
+    assert rel_max(runs["auto"], runs["unfused"]) < 3e-2
