@@ -5,10 +5,10 @@ latent, rotates both rope parts, writes the cache, absorbs kv_b_proj into the qu
 the latent cache, merges the key splits and absorbs kv_b_proj into the output: at batch 1 about 17
 of XLA's kernels and two copies of the layer's cache slice, some 34 us of GPU time per
 DeepSeek-V2-Lite layer for 9 MB of reads (docs/design-b1-attention-block.md). `mla_token_attention`
-runs csrc/cuda/mla_token.cu instead: four kernels, each a programmatic dependent launch of the one
-before, that write the new cache row in place (the call's cache outputs alias its inputs, so that
-inside the decoder's scan the stacked cache is updated where it lies) and reuse decode_attention's
-split and merge kernels. For bf16, DeepSeek-V2/V3's head shape (MLA_DECODE_DIMS), at most
+runs csrc/cuda/mla_token.cu instead: three kernels, each a programmatic dependent launch of the one
+before (the prep, decode_attention's split kernel, the merge with the absorbed output), that write
+the new cache row in place (the call's cache outputs alias its inputs, so that inside the
+decoder's scan the stacked cache is updated where it lies). For bf16, DeepSeek-V2/V3's head shape (MLA_DECODE_DIMS), at most
 DECODE_ATTENTION_MAX_ROWS heads (V2-Lite's 16) and one new token per sequence, on the GPU.
 
 TE_ASYNC_MLA_DECODE (te_async.mla_decode's setting) decides: "auto" (default) takes this call
@@ -77,8 +77,7 @@ def mla_token_attention(q: jax.Array, kv_a: jax.Array, kv_norm: jax.Array, w_kv:
               jax.ShapeDtypeStruct(kpe.shape, bf16),
               jax.ShapeDtypeStruct((b, 1, h, latent), bf16),            # the latent query
               jax.ShapeDtypeStruct((b, 1, h, dr), bf16),                # the rotated rope query
-              jax.ShapeDtypeStruct((splits, b, rows, latent + 2), f32),  # the splits' partial outputs
-              jax.ShapeDtypeStruct((b, 1, h, latent), bf16))            # the merged latent output
+              jax.ShapeDtypeStruct((splits, b, rows, latent + 2), f32))  # the splits' partial outputs
     out, ckv, kpe, *_ = jax.ffi.ffi_call(MLA_TOKEN, shapes, input_output_aliases={6: 1, 7: 2})(
         q, kv_a, kv_norm.astype(bf16), w_kv, cos.astype(f32), sin.astype(f32), ckv, kpe,
         jnp.asarray(layer, jnp.int32), jnp.asarray(position, jnp.int32), scale=np.float32(scale),

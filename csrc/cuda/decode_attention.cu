@@ -98,7 +98,11 @@ ffi::Error DecodeAttention(cudaStream_t stream, ffi::Buffer<ffi::BF16> q, ffi::B
   if (out->element_count() == 0) return ffi::Error::Success();
   return WithShape(
       static_cast<int>(dk), static_cast<int>(dr), static_cast<int>(dv), values_are_keys,
-      [&](auto i) { return LaunchSplitsAndMerge<decltype(i)::value>(stream, a, splits, false); },
+      [&](auto i) {
+        constexpr int I = decltype(i)::value;
+        TE_ASYNC_RETURN_IF_ERROR(LaunchSplits<I>(stream, a, splits, false));
+        return LaunchMerge<I>(stream, a, splits);
+      },
       [&] {
         return bad("no kernel for key dims " + std::to_string(dk) + ", rope dims " + std::to_string(dr) +
                    ", value dims " + std::to_string(dv) + (values_are_keys ? " with the values the keys" : "") +

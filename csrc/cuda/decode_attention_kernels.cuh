@@ -1,6 +1,6 @@
-// The decode attention's kernels, shared by decode_attention.cu (its FFI call) and mla_token.cu
-// (which chains them behind its own): DecodeAttentionKernel, one block per (key split, sequence x kv
-// head), and CombineKernel, the merge of the splits; decode_attention.cu's header says how they work.
+// The decode attention's kernels: DecodeAttentionKernel, one block per (key split, sequence x kv
+// head), and CombineKernel, the merge of the splits (decode_attention.cu's FFI call and header);
+// mla_token.cu chains the split kernel behind its own and merges in its output kernel.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -176,11 +176,10 @@ cudaError_t AllowSharedMemory() {
                               static_cast<int>(Shape<I>::kBytes));
 }
 
-// The split kernel of shape I over `splits` key chunks, then the merge behind it as a programmatic
-// dependent (it waits for the splits before it reads them). after_previous: the split kernel is a
-// programmatic dependent of the stream's previous kernel too (mla_token.cu's chain).
+// The split kernel of shape I over `splits` key chunks; after_previous: a programmatic dependent
+// of the stream's previous kernel (it waits for it before it reads the query; mla_token.cu).
 template <int I>
-ffi::Error LaunchSplitsAndMerge(cudaStream_t stream, const Args& a, int splits, bool after_previous) {
+ffi::Error LaunchSplits(cudaStream_t stream, const Args& a, int splits, bool after_previous) {
   TE_ASYNC_CUDA((AllowSharedMemory<I>()));
   cudaLaunchAttribute attr = ProgrammaticDependency();
   cudaLaunchConfig_t config = {};
@@ -190,11 +189,20 @@ ffi::Error LaunchSplitsAndMerge(cudaStream_t stream, const Args& a, int splits, 
   config.stream = stream;
   config.attrs = &attr;
   config.numAttrs = after_previous ? 1 : 0;
-  TE_ASYNC_RETURN_IF_ERROR(CudaStatus(cudaLaunchKernelEx(&config, Shape<I>::kKernel, a),
-                                      "launch of the decode attention's split kernel"));
+  return CudaStatus(cudaLaunchKernelEx(&config, Shape<I>::kKernel, a), "launch of the decode attention's split kernel");
+}
+
+// The merge of shape I's splits, a programmatic dependent of the split kernel (it waits for the
+// splits before it reads them).
+template <int I>
+ffi::Error LaunchMerge(cudaStream_t stream, const Args& a, int splits) {
   constexpr int kValueDims = Shape<I>::s.value_dims;
+  cudaLaunchAttribute attr = ProgrammaticDependency();
+  cudaLaunchConfig_t config = {};
   config.gridDim = dim3(a.batch * a.kv_heads, kRows, kValueDims / kMergeColumns);
-  config.dynamicSmemBytes = 0;
+  config.blockDim = dim3(kThreads);
+  config.stream = stream;
+  config.attrs = &attr;
   config.numAttrs = 1;
   return CudaStatus(cudaLaunchKernelEx(&config, CombineKernel<kValueDims>, a, splits),
                     "launch of the decode attention's CombineKernel");

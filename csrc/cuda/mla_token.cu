@@ -1,26 +1,27 @@
 // DeepSeek's multi-head latent attention for one new token per sequence, from the attention's input
-// projections to its output (before o_proj), in one FFI call of four kernels, each a programmatic
+// projections to its output (before o_proj), in one FFI call of three kernels, each a programmatic
 // dependent of the one before (programmatic_launch.cuh; te_async/mla_token.py). At batch 1 XLA ran
 // this part of a layer as about 17 kernels and two copies of the layer's cache slice, some 34 us
 // of GPU time for 9 MB of reads (docs/design-b1-attention-block.md).
 //
 //   1. MlaTokenPrepKernel, block (head h x 64 latent columns, sequence b): the absorbed query
-//      q_latent[h, cols] = q_nope[h] . W_uk[h][:, cols] over wkv_b's key half (WeightedRowSum);
-//      the first column block of each head also rotates the head's rope query, and block (0, b)
-//      normalises the new latent (kv_a_layernorm), rotates the rope key and writes both into the
-//      stacked cache at (layer, b, position), in place (the call's aliased outputs).
-//   2. DecodeAttentionKernel over the latent cache, one kv head (decode_attention_kernels.cuh).
-//   3. CombineKernel: the merge of the key splits, out_latent [B, H, latent].
-//   4. MlaTokenOutKernel, block (head h x 16 value rows, sequence b): out[h, d] = out_latent[h] .
-//      W_uv[h, d] over wkv_b's value half, whose rows it loads before it waits for the merge.
-// Each boundary needs the whole previous result, hence four kernels; each lets the next start at
+//      q_latent[h, cols] = q_nope[h] . W_uk[h][:, cols] over wkv_b's key half; the first column
+//      block of each head also rotates the head's rope query, and block (0, b) normalises the new
+//      latent (kv_a_layernorm), rotates the rope key and writes both into the stacked cache at
+//      (layer, b, position), in place (the call's cache outputs alias its inputs).
+//   2. DecodeAttentionKernel over the latent cache, one kv head (decode_attention_kernels.cuh):
+//      each key split's unnormalised output with its max and sum.
+//   3. MlaTokenOutKernel, block (head h x 64 value rows, sequence b): the merge of head h's splits
+//      into its latent output, then out[h, d] = latent . W_uv[h, d] over wkv_b's value half, whose
+//      rows it loads before it waits for the splits.
+// Each boundary needs the whole previous result, hence three kernels; each lets the next start at
 // once, so that a kernel's launch and first loads overlap the previous one's work.
 //
 // Values are rounded to bf16 where te_async.models.mla's unfused path rounds them: the normalised
 // latent and both rotated rope parts (rms_norm, apply_rope: f32 math, then bf16), the latent query,
 // the attention's latent output and the output. A layer index or position outside the cache writes
-// nothing; the attention then gives NaN (a bad layer) or sees the keys it can (a position past the
-// cache, whose logits te_async.models makes NaN).
+// nothing; the attention then gives NaN (a bad layer, a negative position) or sees the keys it can
+// (a position past the cache, whose logits te_async.models makes NaN).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -35,7 +36,6 @@
 #include "cuda/mla_decode.h"
 #include "cuda/programmatic_launch.cuh"
 #include "cuda/vector_loads.cuh"
-#include "cuda/weighted_row_sum.cuh"
 #include "debug_flags.h"
 #include "grouped_gemm_args.h"
 
@@ -48,19 +48,25 @@ using bf16 = __nv_bfloat16;
 constexpr int kNope = kMlaDecodeDims.nope, kRope = kMlaDecodeDims.rope;
 constexpr int kLatent = kMlaDecodeDims.latent, kValue = kMlaDecodeDims.value;
 constexpr int kThreads = 256;
-constexpr int kLatentColumns = 64;  // absorbed-query columns per prep block: 16 KB of W_uk
+constexpr int kWarps = kThreads / 32;
+constexpr int kRows = kDecodeAttentionMaxRows;  // the split kernel's query rows: one per head
+constexpr int kLatentColumns = 64;              // absorbed-query columns per prep block: 16 KB of W_uk
 constexpr int kLatentBlocks = kLatent / kLatentColumns;
-constexpr int kValueRows = 2 * kThreads / 32;  // W_uv rows per output block, 2 per warp: 16 KB
-constexpr int kValueBlocks = kValue / kValueRows;
+constexpr int kColumnVectors = kLatentColumns / 8;        // 16-byte vectors of a W_uk row slice
+constexpr int kRowGroups = kThreads / kColumnVectors;     // prep thread (g, v): rows g, g + kRowGroups, ...
+constexpr int kRowsPerThread = kNope / kRowGroups;
+constexpr int kValueBlocks = 2;                           // output blocks per head: 64 W_uv rows, 64 KB
+constexpr int kRowsPerWarp = kValue / kValueBlocks / kWarps;
+constexpr int kVectorsPerLane = kLatent / 8 / 32;         // 16-byte vectors of a W_uv row per lane
 constexpr int kLatentPerThread = kLatent / kThreads;
-constexpr int kVectorsPerLane = kLatent / 8 / 32;  // 16-byte vectors of a W_uv row per lane
-// The split and merge kernels are instantiated for shape 0 of kDecodeAttentionShapes.
+// The split kernel is instantiated for shape 0 of kDecodeAttentionShapes.
 constexpr DecodeAttentionShape kShape = kDecodeAttentionShapes[0];
 static_assert(kShape.key_dims == kLatent && kShape.rope_dims == kRope && kShape.value_dims == kLatent &&
                   kShape.values_are_keys,
               "decode attention's shape 0 is MLA's latent cache");
-static_assert(kLatent % kLatentColumns == 0 && kLatent % kThreads == 0 && kValue % kValueRows == 0 &&
-                  kRope <= kThreads && kNope <= kThreads && kVectorsPerLane * 8 * 32 == kLatent,
+static_assert(kLatent % kLatentColumns == 0 && kNope % kRowGroups == 0 && kLatent == 2 * kThreads &&
+                  kValue % (kValueBlocks * kWarps) == 0 && kRope <= kThreads && kNope <= kThreads &&
+                  kVectorsPerLane * 8 * 32 == kLatent,
               "whole blocks");
 
 struct PrepArgs {
@@ -76,10 +82,13 @@ struct PrepArgs {
 };
 
 struct OutArgs {
-  const bf16 *out_latent, *w_kv;  // [B, H, latent], [H, dn + dv, latent]
-  bf16* out;                      // [B, H, dv]
-  int heads;
+  const float* partial;  // the split kernel's [splits, B, kRows, latent + 2]
+  const bf16* w_kv;      // [H, dn + dv, latent]
+  bf16* out;             // [B, H, dv]
+  int heads, splits;
 };
+
+__device__ __forceinline__ float Rounded(float x) { return __bfloat162float(__float2bfloat16(x)); }
 
 // Element i of rope part x (dr values) rotated as te_async.models.rope.apply_rope does, in the half
 // layout: x[i] cos[i] - x[i + dr/2] sin[i] in the first half, x[i] cos[i] + x[i - dr/2] sin[i] in
@@ -93,14 +102,17 @@ __device__ __forceinline__ bf16 Rotated(const bf16* x, int i, const PrepArgs& a)
   return __float2bfloat16(at(i) * a.cos[i] + other * a.sin[i]);
 }
 
-__device__ __forceinline__ float BlockSum(float x, float* scratch) {
+// op over the block's threads, on every thread, in a fixed order; scratch: kWarps floats.
+template <typename Op>
+__device__ __forceinline__ float BlockReduce(float x, float* scratch, Op op) {
 #pragma unroll
-  for (int d = 16; d > 0; d >>= 1) x += __shfl_xor_sync(0xffffffffu, x, d);
+  for (int d = 16; d > 0; d >>= 1) x = op(x, __shfl_xor_sync(0xffffffffu, x, d));
   if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = x;
   __syncthreads();
-  float s = 0.f;
-  for (int w = 0; w < kThreads / 32; ++w) s += scratch[w];
-  return s;
+  x = scratch[0];
+  for (int w = 1; w < kWarps; ++w) x = op(x, scratch[w]);
+  __syncthreads();  // scratch may be reused
+  return x;
 }
 
 // kv_a_layernorm of the new latent (transformers' RMSNorm: normalise in f32, round, times the
@@ -114,72 +126,113 @@ __device__ void WriteCacheRow(const PrepArgs& a, int b, float* scratch) {
     x[j] = __bfloat162float(kv[tid + j * kThreads]);
     squares = fmaf(x[j], x[j], squares);
   }
-  const float r = rsqrtf(BlockSum(squares, scratch) / kLatent + a.eps);
+  const float r = rsqrtf(BlockReduce(squares, scratch, [](float u, float v) { return u + v; }) / kLatent + a.eps);
   if (layer < 0 || layer >= a.layers || position < 0 || position >= a.max_len) return;
   const size_t row = (static_cast<size_t>(layer) * a.batch + b) * a.max_len + position;
   bf16* c = a.ckv + row * kLatent;
 #pragma unroll
   for (int j = 0; j < kLatentPerThread; ++j) {
     const int i = tid + j * kThreads;
-    const float y = __bfloat162float(__float2bfloat16(x[j] * r));
-    c[i] = __float2bfloat16(__bfloat162float(a.kv_norm[i]) * y);
+    c[i] = __float2bfloat16(__bfloat162float(a.kv_norm[i]) * Rounded(x[j] * r));
   }
   if (tid < kRope) a.kpe[row * kRope + tid] = Rotated(kv + kLatent, tid, a);
 }
 
+// Thread (g, v) loads its rows of the block's W_uk slice first, then the query, so that one
+// memory latency covers both.
 __global__ void __launch_bounds__(kThreads) MlaTokenPrepKernel(PrepArgs a) {
   StartDependents();
   __shared__ float q_nope[kNope];
-  __shared__ float scratch[kThreads * Elem<bf16>::kVec];
+  __shared__ float sums[kRowGroups][kLatentColumns];
+  __shared__ float scratch[kWarps];
   const int h = blockIdx.x / kLatentBlocks, part = blockIdx.x % kLatentBlocks, b = blockIdx.y, tid = threadIdx.x;
+  const int v = tid % kColumnVectors, g = tid / kColumnVectors;
+  const bf16* w = a.w_kv + (static_cast<size_t>(h) * (kNope + kValue) + g) * kLatent + part * kLatentColumns + v * 8;
+  uint4 wv[kRowsPerThread];
+#pragma unroll
+  for (int i = 0; i < kRowsPerThread; ++i) wv[i] = LoadStream(w + i * kRowGroups * kLatent);
   const size_t bh = static_cast<size_t>(b) * a.heads + h;
   const bf16* q = a.q + bh * (kNope + kRope);
   if (tid < kNope) q_nope[tid] = __bfloat162float(q[tid]);
   __syncthreads();
-  bf16* q_latent = a.q_latent + bh * kLatent + part * kLatentColumns;
-  WeightedRowSum<bf16, kThreads>(
-      a.w_kv + static_cast<size_t>(h) * (kNope + kValue) * kLatent + part * kLatentColumns, kLatent, kNope, q_nope,
-      kLatentColumns / Elem<bf16>::kVec, [](int c) { return c * Elem<bf16>::kVec; }, scratch,
-      [&](int j, float s) { q_latent[j] = __float2bfloat16(s); });
+  float acc[8] = {};
+#pragma unroll
+  for (int i = 0; i < kRowsPerThread; ++i) {
+    float f[8];
+    Unpack<bf16>(wv[i], f);
+    const float c = q_nope[g + i * kRowGroups];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc[j] = fmaf(c, f[j], acc[j]);
+  }
+#pragma unroll
+  for (int j = 0; j < 8; ++j) sums[g][v * 8 + j] = acc[j];
+  __syncthreads();
+  if (tid < kLatentColumns) {
+    float sum = 0.f;
+    for (int gg = 0; gg < kRowGroups; ++gg) sum += sums[gg][tid];
+    a.q_latent[bh * kLatent + part * kLatentColumns + tid] = __float2bfloat16(sum);
+  }
   if (part == 0 && tid < kRope) a.q_rope[bh * kRope + tid] = Rotated(q + kNope, tid, a);
   if (h == 0 && part == 0) WriteCacheRow(a, b, scratch);
 }
 
+// The merge of head h's key splits into its latent output (as CombineKernel: weights 2^(max_s - M)
+// in a fixed order, rounded to bf16 as decode_attention's output is), then its rows of W_uv times
+// it. The block's W_uv rows are loaded into registers before it waits for the split kernel.
 __global__ void __launch_bounds__(kThreads) MlaTokenOutKernel(OutArgs a) {
+  __shared__ float weight[kDecodeAttentionMaxSplits];
+  __shared__ float latent[kLatent];
+  __shared__ float scratch[kWarps];
   const int h = blockIdx.x / kValueBlocks, part = blockIdx.x % kValueBlocks, b = blockIdx.y;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int d0 = part * kValueRows + 2 * warp;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int d0 = part * (kValue / kValueBlocks) + warp * kRowsPerWarp;
   const bf16* w = a.w_kv + (static_cast<size_t>(h) * (kNope + kValue) + kNope + d0) * kLatent;
-  uint4 wv[2][kVectorsPerLane];
+  uint4 wv[kRowsPerWarp][kVectorsPerLane];
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
+  for (int r = 0; r < kRowsPerWarp; ++r) {
 #pragma unroll
     for (int k = 0; k < kVectorsPerLane; ++k) wv[r][k] = LoadStream(w + r * kLatent + (lane + 32 * k) * 8);
   }
-  WaitForPrevious();  // out_latent, written by the merge
+  WaitForPrevious();  // the split kernel's partial outputs
+
+  const size_t split_stride = static_cast<size_t>(gridDim.y) * kRows * (kLatent + 2);
+  const float* row = a.partial + (static_cast<size_t>(b) * kRows + h) * (kLatent + 2);
+  float m = -INFINITY;
+  for (int s = tid; s < a.splits; s += kThreads) m = fmaxf(m, row[s * split_stride + kLatent]);
+  m = BlockReduce(m, scratch, [](float x, float y) { return fmaxf(x, y); });
+  float total = 0.f;
+  for (int s = tid; s < a.splits; s += kThreads) {
+    const float ms = row[s * split_stride + kLatent];
+    weight[s] = ms == -INFINITY ? 0.f : exp2f(ms - m);  // a split that saw no key wrote no output
+    total += weight[s] * row[s * split_stride + kLatent + 1];
+  }
+  total = BlockReduce(total, scratch, [](float x, float y) { return x + y; });  // also publishes `weight`
+  float2 acc = {0.f, 0.f};
+#pragma unroll 8
+  for (int s = 0; s < a.splits; ++s) {
+    const float2 o = *reinterpret_cast<const float2*>(row + s * split_stride + 2 * tid);
+    const float ws = weight[s];
+    acc.x += ws == 0.f ? 0.f : ws * o.x;
+    acc.y += ws == 0.f ? 0.f : ws * o.y;
+  }
+  latent[2 * tid] = Rounded(acc.x / total), latent[2 * tid + 1] = Rounded(acc.y / total);  // no key seen: 0 / 0
+  __syncthreads();
+
   const size_t bh = static_cast<size_t>(b) * a.heads + h;
-  const uint4* o = reinterpret_cast<const uint4*>(a.out_latent + bh * kLatent);
-  float acc[2] = {0.f, 0.f};
 #pragma unroll
-  for (int k = 0; k < kVectorsPerLane; ++k) {
-    float of[8];
-    Unpack<bf16>(o[lane + 32 * k], of);
+  for (int r = 0; r < kRowsPerWarp; ++r) {
+    float sum = 0.f;
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float wf[8];
-      Unpack<bf16>(wv[r][k], wf);
+    for (int k = 0; k < kVectorsPerLane; ++k) {
+      float f[8];
+      Unpack<bf16>(wv[r][k], f);
+      const float* l = latent + (lane + 32 * k) * 8;
 #pragma unroll
-      for (int j = 0; j < 8; ++j) acc[r] = fmaf(of[j], wf[j], acc[r]);
+      for (int j = 0; j < 8; ++j) sum = fmaf(f[j], l[j], sum);
     }
-  }
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-#pragma unroll
-    for (int d = 16; d > 0; d >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], d);
-  }
-  if (lane == 0) {
-    a.out[bh * kValue + d0] = __float2bfloat16(acc[0]);
-    a.out[bh * kValue + d0 + 1] = __float2bfloat16(acc[1]);
+    for (int d = 16; d > 0; d >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, d);
+    if (lane == 0) a.out[bh * kValue + d0 + r] = __float2bfloat16(sum);
   }
 }
 
@@ -189,8 +242,7 @@ ffi::Error MlaToken(cudaStream_t stream, ffi::Buffer<ffi::BF16> q, ffi::Buffer<f
                     ffi::Buffer<ffi::S32> layer, ffi::Buffer<ffi::S32> position,
                     ffi::Result<ffi::Buffer<ffi::BF16>> out, ffi::Result<ffi::Buffer<ffi::BF16>> ckv_out,
                     ffi::Result<ffi::Buffer<ffi::BF16>> kpe_out, ffi::Result<ffi::Buffer<ffi::BF16>> q_latent,
-                    ffi::Result<ffi::Buffer<ffi::BF16>> q_rope, ffi::Result<ffi::Buffer<ffi::F32>> partial,
-                    ffi::Result<ffi::Buffer<ffi::BF16>> out_latent, float scale, int64_t window, float eps,
+                    ffi::Result<ffi::Buffer<ffi::BF16>> q_rope, ffi::Result<ffi::Buffer<ffi::F32>> partial, float scale, int64_t window, float eps,
                     bool interleaved) {
   auto bad = [&](const std::string& why) {
     return ffi::Error::InvalidArgument("te_async mla_token: " + why + " (q " + Dims(q.dimensions()) + ", kv_a " + Dims(kv_a.dimensions()) +
@@ -209,8 +261,7 @@ ffi::Error MlaToken(cudaStream_t stream, ffi::Buffer<ffi::BF16> q, ffi::Buffer<f
       !is(sin, {kRope}) || !is(ckv, {layers, batch, max_len, kLatent}) || !is(kpe, {layers, batch, max_len, kRope}) ||
       layer.element_count() != 1 || position.element_count() != 1 || !is(*out, {batch, 1, heads, kValue}) ||
       !is(*q_latent, {batch, 1, heads, kLatent}) || !is(*q_rope, {batch, 1, heads, kRope}) ||
-      !is(*partial, {splits, batch, kDecodeAttentionMaxRows, kLatent + 2}) ||
-      !is(*out_latent, {batch, 1, heads, kLatent})) {
+      !is(*partial, {splits, batch, kRows, kLatent + 2})) {
     return bad("shapes: q [B, 1, H, " + std::to_string(kNope + kRope) + "], kv_a [B, 1, " +
                std::to_string(kLatent + kRope) + "], w_kv [H, " + std::to_string(kNope + kValue) + ", " +
                std::to_string(kLatent) + "], cache [L, B, N, latent and rope], partial [splits, B, 16, latent + 2]");
@@ -226,7 +277,7 @@ ffi::Error MlaToken(cudaStream_t stream, ffi::Buffer<ffi::BF16> q, ffi::Buffer<f
   const auto in = [](const ffi::Buffer<ffi::BF16>& x) { return static_cast<const bf16*>(x.untyped_data()); };
   const auto res = [](ffi::Result<ffi::Buffer<ffi::BF16>>& x) { return static_cast<bf16*>(x->untyped_data()); };
   if (PoisonOutputs()) {
-    for (auto* r : {&out, &q_latent, &q_rope, &out_latent}) {
+    for (auto* r : {&out, &q_latent, &q_rope}) {
       TE_ASYNC_CUDA(cudaMemsetAsync((*r)->untyped_data(), 0xff, (*r)->size_bytes(), stream));
     }
   }
@@ -241,11 +292,10 @@ ffi::Error MlaToken(cudaStream_t stream, ffi::Buffer<ffi::BF16> q, ffi::Buffer<f
       res(q_latent), res(q_rope), res(ckv_out), res(kpe_out), res(ckv_out), layer.typed_data(),
       position.typed_data(), static_cast<int>(batch), 1, static_cast<int>(heads), 1, static_cast<int>(max_len),
       static_cast<int>(layers), static_cast<int>(window), decode_attention_kernels::SplitChunk(max_len, splits),
-      scale * decode_attention_kernels::kLog2e, partial->typed_data(), res(out_latent)};
-  TE_ASYNC_RETURN_IF_ERROR(decode_attention_kernels::LaunchSplitsAndMerge<0>(stream, attend, static_cast<int>(splits),
-                                                                             true));
+      scale * decode_attention_kernels::kLog2e, partial->typed_data(), nullptr};
+  TE_ASYNC_RETURN_IF_ERROR(decode_attention_kernels::LaunchSplits<0>(stream, attend, static_cast<int>(splits), true));
 
-  const OutArgs output{res(out_latent), in(w_kv), res(out), static_cast<int>(heads)};
+  const OutArgs output{partial->typed_data(), in(w_kv), res(out), static_cast<int>(heads), static_cast<int>(splits)};
   cudaLaunchAttribute attr = ProgrammaticDependency();
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(heads * kValueBlocks, batch);
@@ -277,7 +327,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(kMlaTokenCuda, MlaToken,
                                   .Ret<ffi::Buffer<ffi::BF16>>()  // q_latent (workspace)
                                   .Ret<ffi::Buffer<ffi::BF16>>()  // q_rope (workspace)
                                   .Ret<ffi::Buffer<ffi::F32>>()   // partial (workspace)
-                                  .Ret<ffi::Buffer<ffi::BF16>>()  // out_latent (workspace)
                                   .Attr<float>("scale")
                                   .Attr<int64_t>("window")
                                   .Attr<float>("eps")

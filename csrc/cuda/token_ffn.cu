@@ -62,7 +62,6 @@
 #include "cuda/programmatic_launch.cuh"
 #include "cuda/route_top_k.cuh"
 #include "cuda/vector_loads.cuh"
-#include "cuda/weighted_row_sum.cuh"
 #include "debug_flags.h"
 #include "grouped_gemm_args.h"
 
@@ -75,6 +74,7 @@ constexpr int kThreads = 256;
 constexpr int kBlocksPerSm = 2;  // measured as fast as one 512-thread block and faster than four (benchmarks.md, TF)
 constexpr int kRouteSlices = 8;  // RouteTokenKernel's cluster (the portable size): 32 KB of router each at E = 64, H = 2048
 constexpr int kVec = 8;           // 16-bit elements per 16-byte vector (4 for a float32 router)
+constexpr int kUnroll = 8;        // loads in flight per thread
 constexpr int kRoutePreload = 16; // router vectors per thread loaded before the norm: all of a float32 [2048, 64] slice
 constexpr int kNormLanes = 256;   // strided partial sums of x^2, in one order for both kernels
 constexpr int kMaxHidden = 4096;  // x in shared memory as f32, with the sums' scratch
@@ -175,6 +175,55 @@ __device__ void LoadToken(const T* x, int hidden, const TokenNorm& n, float* xs,
     }
   }
   __syncthreads();
+}
+
+// For each 16-byte column vector c < nvec of w (V = 16 / sizeof(W) elements, at element offset
+// column(c) in a row): the sum over r < rows of coef[r] * w[r * ld + column(c) + j], j < V, in f32,
+// handed to store(c * V + j, sum). Threads own one vector and every G-th row; the G partial sums
+// are added in group order. scratch: kBlock * V floats.
+template <typename W, int kBlock, typename Column, typename Store>
+__device__ __forceinline__ void WeightedRowSum(const W* __restrict__ w, long long ld, int rows,
+                                               const float* coef, int nvec, Column column, float* scratch,
+                                               Store store) {
+  constexpr int V = Elem<W>::kVec;
+  const int tid = threadIdx.x;
+  for (int base = 0; base < nvec; base += kBlock) {
+    const int width = min(kBlock, nvec - base);
+    const int groups = kBlock / width;
+    const int v = tid % width, g = tid / width;
+    if (g < groups) {
+      float acc[V] = {};
+      const W* p = w + column(base + v);
+      for (int r0 = g; r0 < rows; r0 += groups * kUnroll) {
+        uint4 q[kUnroll];
+#pragma unroll
+        for (int i = 0; i < kUnroll; ++i) {
+          const int r = r0 + i * groups;
+          q[i] = r < rows ? LoadStream(p + r * ld) : make_uint4(0u, 0u, 0u, 0u);
+        }
+#pragma unroll
+        for (int i = 0; i < kUnroll; ++i) {
+          const int r = r0 + i * groups;
+          if (r < rows) {
+            float f[V];
+            Unpack<W>(q[i], f);
+            const float c = coef[r];
+#pragma unroll
+            for (int j = 0; j < V; ++j) acc[j] = fmaf(c, f[j], acc[j]);
+          }
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < V; ++j) scratch[(g * width + v) * V + j] = acc[j];
+    }
+    __syncthreads();
+    for (int c = tid; c < width * V; c += kBlock) {
+      float s = 0.f;
+      for (int gg = 0; gg < groups; ++gg) s += scratch[gg * width * V + c];
+      store(base * V + c, s);
+    }
+    __syncthreads();
+  }
 }
 
 // One block's slice of the router GEMM, rows r0 .. r0 + rows of router [H, E] times xs[r0 ..]:
