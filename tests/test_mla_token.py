@@ -1,6 +1,6 @@
-"""te_async.mla_token: MLA attention of one new token per sequence in one FFI call, against the
-unfused path of te_async.models.mla (norm, rope, cache write, mla_decode_unfused) and a float64
-NumPy reference, with DeepSeek-V2-Lite's head shape; the cache rows it writes in place, inside a
+"""te_async.mla_token: MLA attention of one new token per sequence, o_proj included, in one FFI
+call, against the unfused path of te_async.models.mla (norm, rope, cache write, mla_decode_unfused,
+o_proj) and a float64 NumPy reference, with DeepSeek-V2-Lite's head shape; the cache rows it writes in place, inside a
 scan over the stacked cache too; bad positions and layers; a DeepSeek-shaped model's decode steps."""
 
 import jax
@@ -12,7 +12,7 @@ from te_async import decode_attention as da
 from te_async import mla_decode as md
 from te_async import mla_token
 from te_async.mla_decode import mla_decode_unfused
-from te_async.models.attention import LayerOf, write
+from te_async.models.attention import LayerOf, linear, write
 from te_async.models.mla import LATENT_NORM_EPS, _rope
 from te_async.models.norm import rms_norm
 from te_async.models.rope import cos_sin
@@ -20,15 +20,17 @@ from test_decode_attention import deepseek_decode_logits
 from test_mla_decode import numpy_mla, rel_max
 
 NOPE, ROPE, LATENT, VALUE = 128, 64, 512, 128
+HIDDEN = 2048  # DeepSeek-V2-Lite's
 SCALE = 0.07
 
 
-def make(rng, batch, heads, max_len, layers=3):
-    """Random bf16 (q, kv_a, kv_norm, w_kv, ckv, kpe), scaled so that the scores spread over a few units."""
+def make(rng, batch, heads, max_len, layers=3, hidden=HIDDEN):
+    """Random bf16 (q, kv_a, kv_norm, w_kv, wo, ckv, kpe), scaled so that the scores spread over a few units."""
     x = lambda scale, *shape: jnp.asarray(scale * rng.standard_normal(shape), jnp.bfloat16)
     return (x(1.0, batch, 1, heads, NOPE + ROPE), x(3.0, batch, 1, LATENT + ROPE),
             jnp.asarray(1 + 0.2 * rng.standard_normal(LATENT), jnp.bfloat16), x(0.05, heads, NOPE + VALUE, LATENT),
-            x(1.0, layers, batch, max_len, LATENT), x(1.0, layers, batch, max_len, ROPE))
+            x(0.05, heads * VALUE, hidden), x(1.0, layers, batch, max_len, LATENT),
+            x(1.0, layers, batch, max_len, ROPE))
 
 
 def rotation(position):
@@ -37,16 +39,17 @@ def rotation(position):
 
 
 def kernel(operands, position, layer, window=None, interleaved=True):
-    q, kv_a, kv_norm, w_kv, ckv, kpe = operands
+    q, kv_a, kv_norm, w_kv, wo, ckv, kpe = operands
     cos, sin = rotation(max(position, 0))
     f = jax.jit(lambda *a: mla_token.mla_token_attention(*a, scale=SCALE, eps=LATENT_NORM_EPS, interleaved=interleaved,
                                                          window=window))
-    return f(q, kv_a, kv_norm, w_kv, cos, sin, ckv, kpe, jnp.int32(position), jnp.int32(layer))
+    return f(q, kv_a, kv_norm, w_kv, wo, cos, sin, ckv, kpe, jnp.int32(position), jnp.int32(layer))
 
 
 def unfused(operands, position, layer, window=None, interleaved=True):
-    """te_async.models.mla's decode branch without the call: (out, ckv, kpe)."""
-    q, kv_a, kv_norm, w_kv, ckv, kpe = operands
+    """te_async.models.mla's decode branch without the call: (o_proj's output, ckv, kpe, the rotated
+    rope query)."""
+    q, kv_a, kv_norm, w_kv, wo, ckv, kpe = operands
     cos, sin = (c[None] for c in rotation(position))
 
     def f(q, kv_a, ckv, kpe):
@@ -56,7 +59,7 @@ def unfused(operands, position, layer, window=None, interleaved=True):
         q_pe = _rope(q[..., NOPE:], cos, sin, interleaved)
         out = mla_decode_unfused(q[..., :NOPE], q_pe, w_kv, ckv, kpe, jnp.int32(position), jnp.int32(layer),
                                  scale=SCALE, window=window, attention="xla")
-        return out, ckv, kpe, q_pe
+        return linear(out.reshape(*out.shape[:2], -1), wo), ckv, kpe, q_pe
 
     return jax.jit(f)(q, kv_a, ckv, kpe)
 
@@ -79,7 +82,7 @@ def numpy_prep(operands, position, interleaved=True):
 def test_refuses_what_it_cannot_run(rng):
     """float32 operands (or no GPU): an error naming what the call takes, on any machine."""
     operands = [jnp.asarray(x, jnp.float32) for x in make(rng, 1, 16, 64)]
-    assert not mla_token.applies(operands[0], operands[1], operands[3], operands[4])
+    assert not mla_token.applies(*operands[:2], *operands[3:6])
     with pytest.raises(ValueError, match="mla_token_attention needs a GPU"):
         kernel(operands, 3, 0)
 
@@ -106,15 +109,16 @@ def test_matches_the_unfused_path_and_numpy(rng, case):
     # the cache: every other row untouched, the new row as the unfused path and float64 round it
     others = np.ones(ckv.shape[:3], bool)
     others[layer, :, position] = False
-    np.testing.assert_array_equal(ckv[others], np.asarray(operands[4], np.float64)[others])
-    np.testing.assert_array_equal(kpe[others], np.asarray(operands[5], np.float64)[others])
+    np.testing.assert_array_equal(ckv[others], np.asarray(operands[5], np.float64)[others])
+    np.testing.assert_array_equal(kpe[others], np.asarray(operands[6], np.float64)[others])
     c64, k64 = numpy_prep(operands, position, interleaved)
     for got, want, exact in ((ckv[layer, :, position], c64, ref_ckv[layer, :, position]),
                              (kpe[layer, :, position], k64, ref_kpe[layer, :, position])):
         np.testing.assert_allclose(got, want, rtol=8e-3, atol=8e-3 * np.abs(want).max())  # bf16 rounding
         assert np.mean(got == exact) > 0.99  # the same rounding points as the unfused path
     # the output against float64 over the cache as written, with the unfused path's rope query
-    ref = numpy_mla(operands[0][..., :NOPE], q_pe, operands[3], ref_ckv, ref_kpe, position, layer, SCALE, window)
+    heads = numpy_mla(operands[0][..., :NOPE], q_pe, operands[3], ref_ckv, ref_kpe, position, layer, SCALE, window)
+    ref = heads.reshape(batch, 1, -1) @ np.asarray(operands[4], np.float64)
     xla = np.asarray(ref_out, np.float64)
     assert not np.isnan(out).any()
     assert rel_max(out, ref) < max(2 * rel_max(xla, ref), 8e-3), (rel_max(out, ref), rel_max(xla, ref))
@@ -127,12 +131,12 @@ def test_writes_the_stacked_cache_in_a_scan(rng):
     """The decoder's use: inside lax.scan, the stacked cache a carry written in place at each layer."""
     layers, position = 4, 500
     operands = make(rng, 1, 16, 512, layers)
-    q, kv_a, kv_norm, w_kv, ckv, kpe = operands
+    q, kv_a, kv_norm, w_kv, wo, ckv, kpe = operands
     cos, sin = rotation(position)
 
     def over_layers(ckv, kpe):
         def body(cache, layer):
-            out, c, k = mla_token.mla_token_attention(q, kv_a, kv_norm, w_kv, cos, sin, *cache, position, layer,
+            out, c, k = mla_token.mla_token_attention(q, kv_a, kv_norm, w_kv, wo, cos, sin, *cache, position, layer,
                                                       scale=SCALE, eps=LATENT_NORM_EPS, interleaved=True)
             return (c, k), out
         return jax.lax.scan(body, (ckv, kpe), jnp.arange(layers, dtype=jnp.int32))
@@ -152,8 +156,9 @@ def test_writes_the_stacked_cache_in_a_scan(rng):
 @pytest.mark.gpu
 def test_a_bad_position_or_layer_writes_nothing(rng):
     operands = make(rng, 1, 16, 128)
-    ckv, kpe = np.asarray(operands[4]), np.asarray(operands[5])
-    for position, layer, nan in ((-3, 0, True), (5, 7, True), (128, 1, False)):  # before, a layer past the stack, past the end
+    ckv, kpe = np.asarray(operands[5]), np.asarray(operands[6])
+    # a negative position, a layer past the stack, a position past the cache
+    for position, layer, nan in ((-3, 0, True), (5, 7, True), (128, 1, False)):
         out, c, k = kernel(operands, position, layer)
         np.testing.assert_array_equal(np.asarray(c), ckv)
         np.testing.assert_array_equal(np.asarray(k), kpe)
@@ -167,6 +172,7 @@ def test_a_bad_position_or_layer_writes_nothing(rng):
 def test_model_decodes_the_same_through_the_call(monkeypatch, batch):
     """The DeepSeek-shaped model's decode steps through the call ("auto") against the unfused path
     with decode_attention's kernel."""
-    runs = {path: deepseek_decode_logits(monkeypatch, batch, {md: path, da: "te_async"}) for path in ("unfused", "auto")}
+    runs = {path: deepseek_decode_logits(monkeypatch, batch, {md: path, da: "te_async"})
+            for path in ("unfused", "auto")}
     assert not np.isnan(runs["auto"]).any()
     assert rel_max(runs["auto"], runs["unfused"]) < 3e-2

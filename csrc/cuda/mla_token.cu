@@ -1,8 +1,8 @@
 // DeepSeek's multi-head latent attention for one new token per sequence, from the attention's input
-// projections to its output (before o_proj), in one FFI call of three kernels, each a programmatic
-// dependent of the one before (programmatic_launch.cuh; te_async/mla_token.py). At batch 1 XLA ran
-// this part of a layer as about 17 kernels and two copies of the layer's cache slice, some 34 us
-// of GPU time for 9 MB of reads (docs/design-b1-attention-block.md).
+// projections to o_proj's output, in one FFI call of four kernels, each a programmatic dependent of
+// the one before (programmatic_launch.cuh; te_async/mla_token.py). At batch 1 XLA ran this part of
+// a layer as about 19 kernels and two copies of the layer's cache slice, some 41 us of GPU time for
+// 17 MB of reads (docs/design-b1-attention-block.md).
 //
 //   1. MlaTokenPrepKernel, block (head h x 64 latent columns, sequence b): the absorbed query
 //      q_latent[h, cols] = q_nope[h] . W_uk[h][:, cols] over wkv_b's key half; the first column
@@ -11,17 +11,18 @@
 //      (layer, b, position), in place (the call's cache outputs alias its inputs).
 //   2. DecodeAttentionKernel over the latent cache, one kv head (decode_attention_kernels.cuh):
 //      each key split's unnormalised output with its max and sum.
-//   3. MlaTokenOutKernel, block (head h x 64 value rows, sequence b): the merge of head h's splits
-//      into its latent output, then out[h, d] = latent . W_uv[h, d] over wkv_b's value half, whose
-//      rows it loads before it waits for the splits.
-// Each boundary needs the whole previous result, hence three kernels; each lets the next start at
-// once, so that a kernel's launch and first loads overlap the previous one's work.
+//   3. MlaTokenOutKernel, block (head h, sequence b): the merge of head h's splits into its latent
+//      output, then W_uv[h] (wkv_b's value half) times it: the head's output.
+//   4. MlaTokenProjKernel, block (16 columns, sequence b): o_proj over the heads' outputs.
+// Each boundary needs the whole previous result, hence four kernels. Each lets the next start at
+// once: the last two load their weights (2 and 8 MB at DeepSeek-V2-Lite's shapes) into registers
+// while the attention, which leaves most of the HBM's bandwidth unused at one sequence, runs.
 //
 // Values are rounded to bf16 where te_async.models.mla's unfused path rounds them: the normalised
 // latent and both rotated rope parts (rms_norm, apply_rope: f32 math, then bf16), the latent query,
-// the attention's latent output and the output. A layer index or position outside the cache writes
-// nothing; the attention then gives NaN (a bad layer, a negative position) or sees the keys it can
-// (a position past the cache, whose logits te_async.models makes NaN).
+// the attention's latent output, the heads' outputs and o_proj's. A layer index or position outside
+// the cache writes nothing; the attention then gives NaN (a bad layer, a negative position) or sees
+// the keys it can (a position past the cache, whose logits te_async.models makes NaN).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -55,9 +56,14 @@ constexpr int kLatentBlocks = kLatent / kLatentColumns;
 constexpr int kColumnVectors = kLatentColumns / 8;        // 16-byte vectors of a W_uk row slice
 constexpr int kRowGroups = kThreads / kColumnVectors;     // prep thread (g, v): rows g, g + kRowGroups, ...
 constexpr int kRowsPerThread = kNope / kRowGroups;
-constexpr int kValueBlocks = 2;                           // output blocks per head: 64 W_uv rows, 64 KB
-constexpr int kRowsPerWarp = kValue / kValueBlocks / kWarps;
+constexpr int kOutThreads = 512;                          // MlaTokenOutKernel: one block per head, 128 KB of W_uv
+constexpr int kOutWarps = kOutThreads / 32;
+constexpr int kRowsPerWarp = kValue / kOutWarps;
 constexpr int kVectorsPerLane = kLatent / 8 / 32;         // 16-byte vectors of a W_uv row per lane
+constexpr int kMergeHalves = kOutThreads / (kLatent / 2); // threads per latent column pair in the merge
+constexpr int kProjColumns = 16;                          // o_proj output columns per block
+constexpr int kProjGroups = kThreads / (kProjColumns / 8);  // o_proj thread (g, v): rows g, g + kProjGroups, ...
+constexpr int kProjRows = kDecodeAttentionMaxRows * kValue / kProjGroups;  // most rows per thread
 constexpr int kLatentPerThread = kLatent / kThreads;
 // The split kernel is instantiated for shape 0 of kDecodeAttentionShapes.
 constexpr DecodeAttentionShape kShape = kDecodeAttentionShapes[0];
@@ -65,8 +71,8 @@ static_assert(kShape.key_dims == kLatent && kShape.rope_dims == kRope && kShape.
                   kShape.values_are_keys,
               "decode attention's shape 0 is MLA's latent cache");
 static_assert(kLatent % kLatentColumns == 0 && kNope % kRowGroups == 0 && kLatent == 2 * kThreads &&
-                  kValue % (kValueBlocks * kWarps) == 0 && kRope <= kThreads && kNope <= kThreads &&
-                  kVectorsPerLane * 8 * 32 == kLatent,
+                  kValue % kOutWarps == 0 && kOutThreads % (kLatent / 2) == 0 && kRope <= kThreads &&
+                  kNope <= kThreads && kVectorsPerLane * 8 * 32 == kLatent && kValue % kProjGroups == 0,
               "whole blocks");
 
 struct PrepArgs {
@@ -84,8 +90,15 @@ struct PrepArgs {
 struct OutArgs {
   const float* partial;  // the split kernel's [splits, B, kRows, latent + 2]
   const bf16* w_kv;      // [H, dn + dv, latent]
-  bf16* out;             // [B, H, dv]
+  bf16* attention;       // [B, H * dv]: the heads' outputs, o_proj's input
   int heads, splits;
+};
+
+struct ProjArgs {
+  const bf16* attention;  // [B, H * dv]
+  const bf16* wo;         // [H * dv, hidden]
+  bf16* out;              // [B, hidden]
+  int rows, hidden;       // rows = H * dv
 };
 
 __device__ __forceinline__ float Rounded(float x) { return __bfloat162float(__float2bfloat16(x)); }
@@ -177,15 +190,17 @@ __global__ void __launch_bounds__(kThreads) MlaTokenPrepKernel(PrepArgs a) {
 }
 
 // The merge of head h's key splits into its latent output (as CombineKernel: weights 2^(max_s - M)
-// in a fixed order, rounded to bf16 as decode_attention's output is), then its rows of W_uv times
-// it. The block's W_uv rows are loaded into registers before it waits for the split kernel.
-__global__ void __launch_bounds__(kThreads) MlaTokenOutKernel(OutArgs a) {
+// in a fixed order, rounded to bf16 as decode_attention's output is), then W_uv[h] times it. The
+// block's W_uv rows are loaded into registers before it waits for the split kernel; thread t merges
+// latent columns 2 (t % 256) and 2 (t % 256) + 1 over every kMergeHalves-th split.
+__global__ void __launch_bounds__(kOutThreads) MlaTokenOutKernel(OutArgs a) {
+  StartDependents();  // o_proj's kernel may start loading its weights
   __shared__ float weight[kDecodeAttentionMaxSplits];
+  __shared__ float2 halves[kMergeHalves][kLatent / 2];
   __shared__ float latent[kLatent];
-  __shared__ float scratch[kWarps];
-  const int h = blockIdx.x / kValueBlocks, part = blockIdx.x % kValueBlocks, b = blockIdx.y;
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int d0 = part * (kValue / kValueBlocks) + warp * kRowsPerWarp;
+  __shared__ float scratch[kOutWarps];
+  const int h = blockIdx.x, b = blockIdx.y, tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int d0 = warp * kRowsPerWarp;
   const bf16* w = a.w_kv + (static_cast<size_t>(h) * (kNope + kValue) + kNope + d0) * kLatent;
   uint4 wv[kRowsPerWarp][kVectorsPerLane];
 #pragma unroll
@@ -197,28 +212,44 @@ __global__ void __launch_bounds__(kThreads) MlaTokenOutKernel(OutArgs a) {
 
   const size_t split_stride = static_cast<size_t>(gridDim.y) * kRows * (kLatent + 2);
   const float* row = a.partial + (static_cast<size_t>(b) * kRows + h) * (kLatent + 2);
+  const auto reduce = [&](float x, auto op) {
+#pragma unroll
+    for (int d = 16; d > 0; d >>= 1) x = op(x, __shfl_xor_sync(0xffffffffu, x, d));
+    if (lane == 0) scratch[warp] = x;
+    __syncthreads();
+    x = scratch[0];
+    for (int i = 1; i < kOutWarps; ++i) x = op(x, scratch[i]);
+    __syncthreads();  // scratch may be reused; `weight` is published
+    return x;
+  };
   float m = -INFINITY;
-  for (int s = tid; s < a.splits; s += kThreads) m = fmaxf(m, row[s * split_stride + kLatent]);
-  m = BlockReduce(m, scratch, [](float x, float y) { return fmaxf(x, y); });
+  for (int s = tid; s < a.splits; s += kOutThreads) m = fmaxf(m, row[s * split_stride + kLatent]);
+  m = reduce(m, [](float x, float y) { return fmaxf(x, y); });
   float total = 0.f;
-  for (int s = tid; s < a.splits; s += kThreads) {
+  for (int s = tid; s < a.splits; s += kOutThreads) {
     const float ms = row[s * split_stride + kLatent];
     weight[s] = ms == -INFINITY ? 0.f : exp2f(ms - m);  // a split that saw no key wrote no output
     total += weight[s] * row[s * split_stride + kLatent + 1];
   }
-  total = BlockReduce(total, scratch, [](float x, float y) { return x + y; });  // also publishes `weight`
+  total = reduce(total, [](float x, float y) { return x + y; });
+  const int pair = tid % (kLatent / 2), half = tid / (kLatent / 2);
   float2 acc = {0.f, 0.f};
 #pragma unroll 8
-  for (int s = 0; s < a.splits; ++s) {
-    const float2 o = *reinterpret_cast<const float2*>(row + s * split_stride + 2 * tid);
+  for (int s = half; s < a.splits; s += kMergeHalves) {
+    const float2 o = *reinterpret_cast<const float2*>(row + s * split_stride + 2 * pair);
     const float ws = weight[s];
     acc.x += ws == 0.f ? 0.f : ws * o.x;
     acc.y += ws == 0.f ? 0.f : ws * o.y;
   }
-  latent[2 * tid] = Rounded(acc.x / total), latent[2 * tid + 1] = Rounded(acc.y / total);  // no key seen: 0 / 0
+  halves[half][pair] = acc;
+  __syncthreads();
+  if (half == 0) {  // the halves added in order; 0 / 0 where no split saw a key
+    for (int i = 1; i < kMergeHalves; ++i) acc.x += halves[i][pair].x, acc.y += halves[i][pair].y;
+    latent[2 * pair] = Rounded(acc.x / total), latent[2 * pair + 1] = Rounded(acc.y / total);
+  }
   __syncthreads();
 
-  const size_t bh = static_cast<size_t>(b) * a.heads + h;
+  bf16* attention = a.attention + (static_cast<size_t>(b) * a.heads + h) * kValue;
 #pragma unroll
   for (int r = 0; r < kRowsPerWarp; ++r) {
     float sum = 0.f;
@@ -232,44 +263,103 @@ __global__ void __launch_bounds__(kThreads) MlaTokenOutKernel(OutArgs a) {
     }
 #pragma unroll
     for (int d = 16; d > 0; d >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, d);
-    if (lane == 0) a.out[bh * kValue + d0 + r] = __float2bfloat16(sum);
+    if (lane == 0) attention[d0 + r] = __float2bfloat16(sum);
   }
 }
 
+// o_proj: out[b, cols] = attention[b] . wo[:, cols] for the block's kProjColumns columns. Thread
+// (g, v) loads its rows of them (g, g + kProjGroups, ...) before it waits for the heads' outputs;
+// the groups' partial sums are then added in group order.
+__global__ void __launch_bounds__(kThreads) MlaTokenProjKernel(ProjArgs a) {
+  __shared__ float x[kDecodeAttentionMaxRows * kValue];
+  __shared__ float sums[kProjGroups][kProjColumns];
+  const int tid = threadIdx.x, v = tid % (kProjColumns / 8), g = tid / (kProjColumns / 8), b = blockIdx.y;
+  const int col = blockIdx.x * kProjColumns + v * 8, rows = a.rows / kProjGroups;
+  const bf16* w = a.wo + static_cast<size_t>(g) * a.hidden + col;
+  uint4 wv[kProjRows];
+#pragma unroll
+  for (int i = 0; i < kProjRows; ++i) {
+    wv[i] = i < rows ? LoadStream(w + static_cast<size_t>(i) * kProjGroups * a.hidden) : make_uint4(0u, 0u, 0u, 0u);
+  }
+  WaitForPrevious();  // the heads' outputs
+  const bf16* attention = a.attention + static_cast<size_t>(b) * a.rows;
+  for (int i = tid; i < a.rows; i += kThreads) x[i] = __bfloat162float(attention[i]);
+  __syncthreads();
+  float acc[8] = {};
+#pragma unroll
+  for (int i = 0; i < kProjRows; ++i) {
+    if (i < rows) {
+      float f[8];
+      Unpack<bf16>(wv[i], f);
+      const float c = x[g + i * kProjGroups];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) acc[j] = fmaf(c, f[j], acc[j]);
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < 8; ++j) sums[g][v * 8 + j] = acc[j];
+  __syncthreads();
+  if (tid < kProjColumns) {
+    float sum = 0.f;
+    for (int gg = 0; gg < kProjGroups; ++gg) sum += sums[gg][tid];
+    a.out[static_cast<size_t>(b) * a.hidden + blockIdx.x * kProjColumns + tid] = __float2bfloat16(sum);
+  }
+}
+
+// kernel<<<grid, threads>>>(args) as a programmatic dependent of the stream's previous kernel.
+template <typename Args>
+ffi::Error LaunchAfterPrevious(void (*kernel)(Args), dim3 grid, int threads, const Args& args, cudaStream_t stream,
+                               const char* what) {
+  cudaLaunchAttribute attr = ProgrammaticDependency();
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = dim3(threads);
+  config.stream = stream;
+  config.attrs = &attr;
+  config.numAttrs = 1;
+  return CudaStatus(cudaLaunchKernelEx(&config, kernel, args), what);
+}
+
 ffi::Error MlaToken(cudaStream_t stream, ffi::Buffer<ffi::BF16> q, ffi::Buffer<ffi::BF16> kv_a,
-                    ffi::Buffer<ffi::BF16> kv_norm, ffi::Buffer<ffi::BF16> w_kv, ffi::Buffer<ffi::F32> cos,
-                    ffi::Buffer<ffi::F32> sin, ffi::Buffer<ffi::BF16> ckv, ffi::Buffer<ffi::BF16> kpe,
-                    ffi::Buffer<ffi::S32> layer, ffi::Buffer<ffi::S32> position,
+                    ffi::Buffer<ffi::BF16> kv_norm, ffi::Buffer<ffi::BF16> w_kv, ffi::Buffer<ffi::BF16> wo,
+                    ffi::Buffer<ffi::F32> cos, ffi::Buffer<ffi::F32> sin, ffi::Buffer<ffi::BF16> ckv,
+                    ffi::Buffer<ffi::BF16> kpe, ffi::Buffer<ffi::S32> layer, ffi::Buffer<ffi::S32> position,
                     ffi::Result<ffi::Buffer<ffi::BF16>> out, ffi::Result<ffi::Buffer<ffi::BF16>> ckv_out,
                     ffi::Result<ffi::Buffer<ffi::BF16>> kpe_out, ffi::Result<ffi::Buffer<ffi::BF16>> q_latent,
-                    ffi::Result<ffi::Buffer<ffi::BF16>> q_rope, ffi::Result<ffi::Buffer<ffi::F32>> partial, float scale, int64_t window, float eps,
+                    ffi::Result<ffi::Buffer<ffi::BF16>> q_rope, ffi::Result<ffi::Buffer<ffi::F32>> partial,
+                    ffi::Result<ffi::Buffer<ffi::BF16>> attention, float scale, int64_t window, float eps,
                     bool interleaved) {
   auto bad = [&](const std::string& why) {
-    return ffi::Error::InvalidArgument("te_async mla_token: " + why + " (q " + Dims(q.dimensions()) + ", kv_a " + Dims(kv_a.dimensions()) +
-                                       ", w_kv " + Dims(w_kv.dimensions()) + ", ckv " + Dims(ckv.dimensions()) + ", kpe " + Dims(kpe.dimensions()) +
-                                       ", partial " + Dims(partial->dimensions()) + ")");
+    return ffi::Error::InvalidArgument("te_async mla_token: " + why + " (q " + Dims(q.dimensions()) + ", kv_a " +
+                                       Dims(kv_a.dimensions()) + ", w_kv " + Dims(w_kv.dimensions()) + ", wo " +
+                                       Dims(wo.dimensions()) + ", ckv " + Dims(ckv.dimensions()) + ", kpe " +
+                                       Dims(kpe.dimensions()) + ", partial " + Dims(partial->dimensions()) + ")");
   };
-  const auto qd = q.dimensions(), cd = ckv.dimensions(), pd = partial->dimensions();
-  if (qd.size() != 4 || cd.size() != 4 || pd.size() != 4) return bad("ranks");
-  const int64_t batch = qd[0], heads = qd[2], layers = cd[0], max_len = cd[2], splits = pd[0];
+  const auto qd = q.dimensions(), cd = ckv.dimensions(), pd = partial->dimensions(), wd = wo.dimensions();
+  if (qd.size() != 4 || cd.size() != 4 || pd.size() != 4 || wd.size() != 2) return bad("ranks");
+  const int64_t batch = qd[0], heads = qd[2], layers = cd[0], max_len = cd[2], splits = pd[0], hidden = wd[1];
   const auto is = [](const auto& buffer, std::initializer_list<int64_t> dims) {
     const auto d = buffer.dimensions();
     return std::equal(d.begin(), d.end(), dims.begin(), dims.end());
   };
   if (!is(q, {batch, 1, heads, kNope + kRope}) || !is(kv_a, {batch, 1, kLatent + kRope}) ||
-      !is(kv_norm, {kLatent}) || !is(w_kv, {heads, kNope + kValue, kLatent}) || !is(cos, {kRope}) ||
-      !is(sin, {kRope}) || !is(ckv, {layers, batch, max_len, kLatent}) || !is(kpe, {layers, batch, max_len, kRope}) ||
-      layer.element_count() != 1 || position.element_count() != 1 || !is(*out, {batch, 1, heads, kValue}) ||
-      !is(*q_latent, {batch, 1, heads, kLatent}) || !is(*q_rope, {batch, 1, heads, kRope}) ||
-      !is(*partial, {splits, batch, kRows, kLatent + 2})) {
+      !is(kv_norm, {kLatent}) || !is(w_kv, {heads, kNope + kValue, kLatent}) || !is(wo, {heads * kValue, hidden}) ||
+      !is(cos, {kRope}) || !is(sin, {kRope}) || !is(ckv, {layers, batch, max_len, kLatent}) ||
+      !is(kpe, {layers, batch, max_len, kRope}) || layer.element_count() != 1 || position.element_count() != 1 ||
+      !is(*out, {batch, 1, hidden}) || !is(*q_latent, {batch, 1, heads, kLatent}) ||
+      !is(*q_rope, {batch, 1, heads, kRope}) || !is(*partial, {splits, batch, kRows, kLatent + 2}) ||
+      !is(*attention, {batch, 1, heads, kValue})) {
     return bad("shapes: q [B, 1, H, " + std::to_string(kNope + kRope) + "], kv_a [B, 1, " +
                std::to_string(kLatent + kRope) + "], w_kv [H, " + std::to_string(kNope + kValue) + ", " +
-               std::to_string(kLatent) + "], cache [L, B, N, latent and rope], partial [splits, B, 16, latent + 2]");
+               std::to_string(kLatent) + "], wo [H * " + std::to_string(kValue) +
+               ", hidden], cache [L, B, N, latent and rope], partial [splits, B, 16, latent + 2]");
   }
   if (heads < 1 || heads > kDecodeAttentionMaxRows || batch < 1 || batch > 65535 || splits < 1 ||
-      splits > kDecodeAttentionMaxSplits || max_len > (int64_t{1} << 30) || layers * batch * max_len > (int64_t{1} << 40)) {
+      splits > kDecodeAttentionMaxSplits || hidden < kProjColumns || hidden % kProjColumns != 0 ||
+      max_len > (int64_t{1} << 30) || layers * batch * max_len > (int64_t{1} << 40)) {
     return bad("1 to " + std::to_string(kDecodeAttentionMaxRows) + " heads, 1 to " +
-               std::to_string(kDecodeAttentionMaxSplits) + " splits, a cache of at most 2^30 tokens");
+               std::to_string(kDecodeAttentionMaxSplits) + " splits, a hidden size that is a multiple of " +
+               std::to_string(kProjColumns) + ", a cache of at most 2^30 tokens");
   }
   if (ckv_out->untyped_data() != ckv.untyped_data() || kpe_out->untyped_data() != kpe.untyped_data()) {
     return bad("the cache outputs must alias the cache inputs");
@@ -277,7 +367,7 @@ ffi::Error MlaToken(cudaStream_t stream, ffi::Buffer<ffi::BF16> q, ffi::Buffer<f
   const auto in = [](const ffi::Buffer<ffi::BF16>& x) { return static_cast<const bf16*>(x.untyped_data()); };
   const auto res = [](ffi::Result<ffi::Buffer<ffi::BF16>>& x) { return static_cast<bf16*>(x->untyped_data()); };
   if (PoisonOutputs()) {
-    for (auto* r : {&out, &q_latent, &q_rope}) {
+    for (auto* r : {&out, &q_latent, &q_rope, &attention}) {
       TE_ASYNC_CUDA(cudaMemsetAsync((*r)->untyped_data(), 0xff, (*r)->size_bytes(), stream));
     }
   }
@@ -295,15 +385,13 @@ ffi::Error MlaToken(cudaStream_t stream, ffi::Buffer<ffi::BF16> q, ffi::Buffer<f
       scale * decode_attention_kernels::kLog2e, partial->typed_data(), nullptr};
   TE_ASYNC_RETURN_IF_ERROR(decode_attention_kernels::LaunchSplits<0>(stream, attend, static_cast<int>(splits), true));
 
-  const OutArgs output{partial->typed_data(), in(w_kv), res(out), static_cast<int>(heads), static_cast<int>(splits)};
-  cudaLaunchAttribute attr = ProgrammaticDependency();
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(heads * kValueBlocks, batch);
-  config.blockDim = dim3(kThreads);
-  config.stream = stream;
-  config.attrs = &attr;
-  config.numAttrs = 1;
-  return CudaStatus(cudaLaunchKernelEx(&config, MlaTokenOutKernel, output), "launch of MlaTokenOutKernel");
+  const OutArgs merge{partial->typed_data(), in(w_kv), res(attention), static_cast<int>(heads),
+                      static_cast<int>(splits)};
+  TE_ASYNC_RETURN_IF_ERROR(LaunchAfterPrevious(MlaTokenOutKernel, dim3(heads, batch), kOutThreads, merge, stream,
+                                               "launch of MlaTokenOutKernel"));
+  const ProjArgs proj{res(attention), in(wo), res(out), static_cast<int>(heads * kValue), static_cast<int>(hidden)};
+  return LaunchAfterPrevious(MlaTokenProjKernel, dim3(hidden / kProjColumns, batch), kThreads, proj, stream,
+                             "launch of MlaTokenProjKernel");
 }
 
 }  // namespace
@@ -315,18 +403,20 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(kMlaTokenCuda, MlaToken,
                                   .Arg<ffi::Buffer<ffi::BF16>>()  // kv_a
                                   .Arg<ffi::Buffer<ffi::BF16>>()  // kv_norm
                                   .Arg<ffi::Buffer<ffi::BF16>>()  // w_kv
+                                  .Arg<ffi::Buffer<ffi::BF16>>()  // wo
                                   .Arg<ffi::Buffer<ffi::F32>>()   // cos
                                   .Arg<ffi::Buffer<ffi::F32>>()   // sin
                                   .Arg<ffi::Buffer<ffi::BF16>>()  // ckv
                                   .Arg<ffi::Buffer<ffi::BF16>>()  // kpe
                                   .Arg<ffi::Buffer<ffi::S32>>()   // layer
                                   .Arg<ffi::Buffer<ffi::S32>>()   // position
-                                  .Ret<ffi::Buffer<ffi::BF16>>()  // out
+                                  .Ret<ffi::Buffer<ffi::BF16>>()  // out: o_proj's output
                                   .Ret<ffi::Buffer<ffi::BF16>>()  // ckv, aliased
                                   .Ret<ffi::Buffer<ffi::BF16>>()  // kpe, aliased
                                   .Ret<ffi::Buffer<ffi::BF16>>()  // q_latent (workspace)
                                   .Ret<ffi::Buffer<ffi::BF16>>()  // q_rope (workspace)
                                   .Ret<ffi::Buffer<ffi::F32>>()   // partial (workspace)
+                                  .Ret<ffi::Buffer<ffi::BF16>>()  // attention: the heads' outputs (workspace)
                                   .Attr<float>("scale")
                                   .Attr<int64_t>("window")
                                   .Attr<float>("eps")

@@ -64,9 +64,9 @@ def mla_attention(p: dict, cfg, x: jax.Array, cos: jax.Array, sin: jax.Array, ca
     ckv = proj["kv_a"]
     w_kv = p["wkv_b"].reshape(heads, nope + vdim, cfg.kv_lora_rank)
     scale = softmax_scale(cfg)
-    if position is not None and mla_token.takes(q, ckv, w_kv, stacked(cache["ckv"])[0]):
-        out, cache = _token_kernel(q, ckv, p["kv_a_norm"], w_kv, cos, sin, cache, position, window, scale, cfg)
-        return linear(out.reshape(b, s, heads * vdim), p["wo"], p.get("bo")), cache
+    token = position is not None and "bo" not in p
+    if token and mla_token.takes(q, ckv, w_kv, p["wo"], stacked(cache["ckv"])[0]):
+        return _token_kernel(q, ckv, p["kv_a_norm"], w_kv, p["wo"], cos, sin, cache, position, window, scale, cfg)
     q_nope, q_pe = q[..., :nope], _rope(q[..., nope:], cos, sin, cfg.rope_interleave)
     c = rms_norm(ckv[..., :cfg.kv_lora_rank], p["kv_a_norm"], LATENT_NORM_EPS)
     k_pe = _rope(ckv[..., None, cfg.kv_lora_rank:], cos, sin, cfg.rope_interleave)[:, :, 0]  # [B, S, rope_dim]
@@ -83,13 +83,13 @@ def mla_attention(p: dict, cfg, x: jax.Array, cos: jax.Array, sin: jax.Array, ca
     return linear(out.reshape(b, s, heads * vdim), p["wo"], p.get("bo")), cache
 
 
-def _token_kernel(q, kv_a, kv_norm, w_kv, cos, sin, cache, position, window, scale, cfg) -> tuple:
-    """The decode branch below for one token per sequence in one FFI call (te_async.mla_token),
-    which writes the cache rows itself: (out [B, 1, heads, v_head_dim], cache)."""
+def _token_kernel(q, kv_a, kv_norm, w_kv, wo, cos, sin, cache, position, window, scale, cfg) -> tuple:
+    """The decode branch below with o_proj, for one token per sequence, in one FFI call
+    (te_async.mla_token), which writes the cache rows itself: (output [B, 1, hidden], cache)."""
     (ckv, layer), (kpe, _) = stacked(cache["ckv"]), stacked(cache["kpe"])
-    out, ckv, kpe = mla_token.mla_token_attention(q, kv_a, kv_norm, w_kv, cos[0], sin[0], ckv, kpe, position, layer,
-                                                  scale=scale, eps=LATENT_NORM_EPS, interleaved=cfg.rope_interleave,
-                                                  window=window)
+    out, ckv, kpe = mla_token.mla_token_attention(q, kv_a, kv_norm, w_kv, wo, cos[0], sin[0], ckv, kpe, position,
+                                                  layer, scale=scale, eps=LATENT_NORM_EPS,
+                                                  interleaved=cfg.rope_interleave, window=window)
     return out, {"ckv": restacked(cache["ckv"], ckv), "kpe": restacked(cache["kpe"], kpe)}
 
 
