@@ -8,9 +8,12 @@ token about 17 of XLA's kernels per layer, each a launch and a DRAM round trip f
 clusters each take a (sequence, token, group of 16 heads) through all three steps, for bf16 and
 DeepSeek-V2/V3's head shape (MLA_DECODE_DIMS) on a GPU of compute capability 9.0 or later.
 
-TE_ASYNC_MLA_DECODE (read once): "auto" (default) and "unfused" take the einsums around
-decode_attention; "te_async" takes the kernel (an error where it cannot run). "auto" does not take
-the kernel because it lost to the unfused path (H200, docs/benchmarks.md table A3, GPU µs per layer
+TE_ASYNC_MLA_DECODE (read once) also decides the models' decode step (te_async.models.mla): "auto"
+(default) runs one new token per sequence through te_async.mla_token's call at the batches it
+measured faster at (from the projections to o_proj, the cache write included) and everything else
+through the einsums around decode_attention, "unfused" always through the einsums, "te_async"
+through this module's kernel (an error where it cannot run). "auto" does not take this kernel
+because it lost to the unfused path (H200, docs/benchmarks.md table A3, GPU µs per layer
 at 4096 cached tokens): DeepSeek-V2-Lite 29.4 against 24.5 at B=1 and 56.2 against 48.7 at B=8;
 DeepSeek-V3 54.0 against XLA's 55.1 at B=1 but 63.97 against 59.07 µs of wall clock, and far
 behind from B=2. Its fixed work per block (W_uk staged for the latent query, the merge across the

@@ -14,7 +14,8 @@ decoder's scan the stacked cache is updated where it lies). For bf16, DeepSeek-V
 and one new token per sequence, on the GPU.
 
 TE_ASYNC_MLA_DECODE (te_async.mla_decode's setting) decides: "auto" (default) takes this call
-where it applies and B <= AUTO_MAX_BATCH, "unfused" never does.
+where it applies and B <= AUTO_MAX_BATCH, "unfused" and "te_async" (mla_decode's cluster kernel)
+never do.
 """
 
 from typing import Optional, Union
@@ -27,7 +28,11 @@ from . import _ffi, mla_decode, plan
 from .decode_attention import check_window_and_layer, splits_for
 
 MLA_TOKEN = "te_async_mla_token"
-AUTO_MAX_BATCH = 8
+# The batches "auto" takes the call at: those measured. DeepSeek-V2-Lite, 4096 cached tokens, device
+# mode, one H200, against the unfused path (generate's loop / blocked p50 per token; docs/benchmarks.md,
+# table MT): B=1 1.04x / 1.08x, B=2 1.02x / 1.08x. From B=4 generate writes the layers out, not
+# measured with the call.
+AUTO_MAX_BATCH = 2
 
 
 def applies(q: jax.Array, kv_a: jax.Array, w_kv: jax.Array, wo: jax.Array, ckv: jax.Array) -> bool:

@@ -1,13 +1,15 @@
 """te_async.mla_token: MLA attention of one new token per sequence, o_proj included, in one FFI
 call, against the unfused path of te_async.models.mla (norm, rope, cache write, mla_decode_unfused,
-o_proj) and a float64 NumPy reference, with DeepSeek-V2-Lite's head shape; the cache rows it writes in place, inside a
-scan over the stacked cache too; bad positions and layers; a DeepSeek-shaped model's decode steps."""
+o_proj) and a float64 NumPy reference, with DeepSeek-V2-Lite's head shape; the cache rows it writes
+in place, inside a scan over the stacked cache too; bad positions and layers; a DeepSeek-shaped
+model's decode steps, and the batches at which "auto" takes the call."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import te_async.models as models
 from te_async import decode_attention as da
 from te_async import mla_decode as md
 from te_async import mla_token
@@ -16,7 +18,7 @@ from te_async.models.attention import LayerOf, linear, write
 from te_async.models.mla import LATENT_NORM_EPS, _rope
 from te_async.models.norm import rms_norm
 from te_async.models.rope import cos_sin
-from test_decode_attention import deepseek_decode_logits
+from test_decode_attention import DEEPSEEK_SHAPED, deepseek_decode_logits
 from test_mla_decode import numpy_mla, rel_max
 
 NOPE, ROPE, LATENT, VALUE = 128, 64, 512, 128
@@ -176,3 +178,17 @@ def test_model_decodes_the_same_through_the_call(monkeypatch, batch):
             for path in ("unfused", "auto")}
     assert not np.isnan(runs["auto"]).any()
     assert rel_max(runs["auto"], runs["unfused"]) < 3e-2
+
+
+@pytest.mark.gpu
+def test_auto_takes_the_call_up_to_its_batch():
+    """The models' decode step at DeepSeek-V2-Lite's attention shapes (TE_ASYNC_MLA_DECODE unset:
+    "auto") holds the call at B <= AUTO_MAX_BATCH and the unfused path past it."""
+    assert md.default_kernel() == "auto"
+    config = models.from_hf_dict(DEEPSEEK_SHAPED)
+    params = models.init_params(config, jax.random.key(0), jnp.bfloat16)
+    for batch in (1, mla_token.AUTO_MAX_BATCH, mla_token.AUTO_MAX_BATCH + 1):
+        cache = models.init_cache(config, batch, 64, jnp.bfloat16)
+        hlo = models.decode_step.lower(params, config, cache, jnp.zeros((batch, 1), jnp.int32), 5,
+                                       group_sizes_mode="device").as_text()
+        assert (mla_token.MLA_TOKEN in hlo) == (batch <= mla_token.AUTO_MAX_BATCH), batch

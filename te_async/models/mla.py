@@ -12,8 +12,9 @@ kv_lora_rank] and the rotated k_pe [B, max_len, qk_rope_head_dim], 576 values pe
 DeepSeek-V2-Lite against 16 * (192 + 128) = 5120 for the expanded keys and values. Decode never
 expands the cache: kv_b_proj is absorbed into the query and the output (q_nope . W_uk c =
 (q_nope W_uk) . c, and p (c W_uv) = (p c) W_uv), so a step reads the cache once and multiplies
-by kv_b_proj once per new token instead of once per cached token (te_async.mla_decode; its
-one-kernel form only with TE_ASYNC_MLA_DECODE=te_async). A whole sequence (forward, prefill)
+by kv_b_proj once per new token instead of once per cached token (te_async.mla_decode; at one new
+token per sequence and the batches te_async.mla_token.takes, that call runs the whole decode branch
+and o_proj). A whole sequence (forward, prefill)
 takes the expanded path, as transformers does, which costs fewer FLOPs there.
 
 kv_b_proj's weight is kept as transformers stores it, [heads * (nope + v), latent]: head-major, the
