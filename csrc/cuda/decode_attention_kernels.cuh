@@ -9,6 +9,7 @@
 #include <cmath>
 
 #include "cuda/attention_tile.cuh"
+#include "cuda/block_reduce.cuh"
 #include "cuda/cuda_check.h"
 #include "cuda/decode_attention.h"
 #include "cuda/programmatic_launch.cuh"
@@ -92,18 +93,6 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(Args a) {
   if (tid < kRows) partial[tid * (DV + 2) + DV] = s_max[tid], partial[tid * (DV + 2) + DV + 1] = s_sum[tid];
 }
 
-template <typename Op>
-__device__ __forceinline__ float BlockReduce(float x, float* scratch, Op op) {
-#pragma unroll
-  for (int d = 16; d > 0; d >>= 1) x = op(x, __shfl_xor_sync(0xffffffffu, x, d));
-  if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = x;
-  __syncthreads();
-  x = scratch[0];
-  for (int w = 1; w < kWarps; ++w) x = op(x, scratch[w]);
-  __syncthreads();  // scratch is reused by the next reduction
-  return x;
-}
-
 // The merge: out = sum_s 2^(max_s - M) O_s / sum_s 2^(max_s - M) sum_s over the splits s of a row.
 // Block (bh, r, chunk) takes kMergeColumns columns of row r: thread (lane, quad) adds up 4 columns
 // over the splits lane, lane + kMergeLanes, ..., so that every load of a thread is independent of
@@ -129,14 +118,14 @@ __global__ void __launch_bounds__(kThreads) CombineKernel(Args a, int splits) {
   const float* row = a.partial + (static_cast<size_t>(bh) * kRows + r) * (DV + 2);
   float m = -INFINITY;
   for (int s = threadIdx.x; s < splits; s += kThreads) m = fmaxf(m, row[s * split_stride + DV]);
-  m = BlockReduce(m, scratch, [](float x, float y) { return fmaxf(x, y); });
+  m = BlockReduce<kWarps>(m, scratch, [](float x, float y) { return fmaxf(x, y); });
   float total = 0.f;
   for (int s = threadIdx.x; s < splits; s += kThreads) {
     const float ms = row[s * split_stride + DV];
     weight[s] = ms == -INFINITY ? 0.f : exp2f(ms - m);
     total += weight[s] * row[s * split_stride + DV + 1];
   }
-  total = BlockReduce(total, scratch, [](float x, float y) { return x + y; });  // also publishes `weight`
+  total = BlockReduce<kWarps>(total, scratch, [](float x, float y) { return x + y; });  // also publishes `weight`
   const int quad = threadIdx.x % kMergeQuads, lane = threadIdx.x / kMergeQuads;
   const int col = blockIdx.z * kMergeColumns + 4 * quad;
   float4 acc = {0.f, 0.f, 0.f, 0.f};

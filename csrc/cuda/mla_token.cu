@@ -31,6 +31,7 @@
 #include <initializer_list>
 #include <string>
 
+#include "cuda/block_reduce.cuh"
 #include "cuda/cuda_check.h"
 #include "cuda/decode_attention_kernels.cuh"
 #include "cuda/handlers.h"
@@ -115,19 +116,6 @@ __device__ __forceinline__ bf16 Rotated(const bf16* x, int i, const PrepArgs& a)
   return __float2bfloat16(at(i) * a.cos[i] + other * a.sin[i]);
 }
 
-// op over the block's threads, on every thread, in a fixed order; scratch: kWarps floats.
-template <typename Op>
-__device__ __forceinline__ float BlockReduce(float x, float* scratch, Op op) {
-#pragma unroll
-  for (int d = 16; d > 0; d >>= 1) x = op(x, __shfl_xor_sync(0xffffffffu, x, d));
-  if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = x;
-  __syncthreads();
-  x = scratch[0];
-  for (int w = 1; w < kWarps; ++w) x = op(x, scratch[w]);
-  __syncthreads();  // scratch may be reused
-  return x;
-}
-
 // kv_a_layernorm of the new latent (transformers' RMSNorm: normalise in f32, round, times the
 // weight, round) and the rotated rope key, into the cache at (layer, b, position).
 __device__ void WriteCacheRow(const PrepArgs& a, int b, float* scratch) {
@@ -139,7 +127,7 @@ __device__ void WriteCacheRow(const PrepArgs& a, int b, float* scratch) {
     x[j] = __bfloat162float(kv[tid + j * kThreads]);
     squares = fmaf(x[j], x[j], squares);
   }
-  const float r = rsqrtf(BlockReduce(squares, scratch, [](float u, float v) { return u + v; }) / kLatent + a.eps);
+  const float r = rsqrtf(BlockReduce<kWarps>(squares, scratch, [](float u, float v) { return u + v; }) / kLatent + a.eps);
   if (layer < 0 || layer >= a.layers || position < 0 || position >= a.max_len) return;
   const size_t row = (static_cast<size_t>(layer) * a.batch + b) * a.max_len + position;
   bf16* c = a.ckv + row * kLatent;
@@ -149,6 +137,45 @@ __device__ void WriteCacheRow(const PrepArgs& a, int b, float* scratch) {
     c[i] = __float2bfloat16(__bfloat162float(a.kv_norm[i]) * Rounded(x[j] * r));
   }
   if (tid < kRope) a.kpe[row * kRope + tid] = Rotated(kv + kLatent, tid, a);
+}
+
+// The prep's and o_proj's product of a vector with a weight matrix, by blocks of kColumns columns:
+// thread (g, v) of the block owns 16-byte column vector v and rows g, g + kGroups, ... (at most
+// kMaxRows of them, `rows` in all), which it loads into registers first (LoadRows), so that their
+// latency overlaps whatever the block does before it needs them (ColumnSums).
+template <int kMaxRows>
+__device__ __forceinline__ void LoadRows(uint4 (&wv)[kMaxRows], const bf16* first, size_t row_step, int rows) {
+#pragma unroll
+  for (int i = 0; i < kMaxRows; ++i) wv[i] = i < rows ? LoadStream(first + i * row_step) : make_uint4(0u, 0u, 0u, 0u);
+}
+
+// coef . W for the block's kColumns columns from the rows LoadRows loaded: each thread sums its
+// rows, then each column's kGroups partial sums are added in group order; thread c < kColumns
+// gets column c's total, the others 0. sums: shared memory.
+template <int kMaxRows, int kGroups, int kColumns>
+__device__ __forceinline__ float ColumnSums(const uint4 (&wv)[kMaxRows], int rows, const float* coef,
+                                            float (&sums)[kGroups][kColumns]) {
+  static_assert(kGroups * kColumns / 8 == kThreads, "one thread per (row group, column vector)");
+  const int tid = threadIdx.x, v = tid % (kColumns / 8), g = tid / (kColumns / 8);
+  float acc[8] = {};
+#pragma unroll
+  for (int i = 0; i < kMaxRows; ++i) {
+    if (i < rows) {
+      float f[8];
+      Unpack<bf16>(wv[i], f);
+      const float c = coef[g + i * kGroups];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) acc[j] = fmaf(c, f[j], acc[j]);
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < 8; ++j) sums[g][v * 8 + j] = acc[j];
+  __syncthreads();
+  float sum = 0.f;
+  if (tid < kColumns) {
+    for (int gg = 0; gg < kGroups; ++gg) sum += sums[gg][tid];
+  }
+  return sum;
 }
 
 // Thread (g, v) loads its rows of the block's W_uk slice first, then the query, so that one
@@ -162,29 +189,13 @@ __global__ void __launch_bounds__(kThreads) MlaTokenPrepKernel(PrepArgs a) {
   const int v = tid % kColumnVectors, g = tid / kColumnVectors;
   const bf16* w = a.w_kv + (static_cast<size_t>(h) * (kNope + kValue) + g) * kLatent + part * kLatentColumns + v * 8;
   uint4 wv[kRowsPerThread];
-#pragma unroll
-  for (int i = 0; i < kRowsPerThread; ++i) wv[i] = LoadStream(w + i * kRowGroups * kLatent);
+  LoadRows(wv, w, kRowGroups * kLatent, kRowsPerThread);
   const size_t bh = static_cast<size_t>(b) * a.heads + h;
   const bf16* q = a.q + bh * (kNope + kRope);
   if (tid < kNope) q_nope[tid] = __bfloat162float(q[tid]);
   __syncthreads();
-  float acc[8] = {};
-#pragma unroll
-  for (int i = 0; i < kRowsPerThread; ++i) {
-    float f[8];
-    Unpack<bf16>(wv[i], f);
-    const float c = q_nope[g + i * kRowGroups];
-#pragma unroll
-    for (int j = 0; j < 8; ++j) acc[j] = fmaf(c, f[j], acc[j]);
-  }
-#pragma unroll
-  for (int j = 0; j < 8; ++j) sums[g][v * 8 + j] = acc[j];
-  __syncthreads();
-  if (tid < kLatentColumns) {
-    float sum = 0.f;
-    for (int gg = 0; gg < kRowGroups; ++gg) sum += sums[gg][tid];
-    a.q_latent[bh * kLatent + part * kLatentColumns + tid] = __float2bfloat16(sum);
-  }
+  const float sum = ColumnSums(wv, kRowsPerThread, q_nope, sums);
+  if (tid < kLatentColumns) a.q_latent[bh * kLatent + part * kLatentColumns + tid] = __float2bfloat16(sum);
   if (part == 0 && tid < kRope) a.q_rope[bh * kRope + tid] = Rotated(q + kNope, tid, a);
   if (h == 0 && part == 0) WriteCacheRow(a, b, scratch);
 }
@@ -212,26 +223,16 @@ __global__ void __launch_bounds__(kOutThreads) MlaTokenOutKernel(OutArgs a) {
 
   const size_t split_stride = static_cast<size_t>(gridDim.y) * kRows * (kLatent + 2);
   const float* row = a.partial + (static_cast<size_t>(b) * kRows + h) * (kLatent + 2);
-  const auto reduce = [&](float x, auto op) {
-#pragma unroll
-    for (int d = 16; d > 0; d >>= 1) x = op(x, __shfl_xor_sync(0xffffffffu, x, d));
-    if (lane == 0) scratch[warp] = x;
-    __syncthreads();
-    x = scratch[0];
-    for (int i = 1; i < kOutWarps; ++i) x = op(x, scratch[i]);
-    __syncthreads();  // scratch may be reused; `weight` is published
-    return x;
-  };
   float m = -INFINITY;
   for (int s = tid; s < a.splits; s += kOutThreads) m = fmaxf(m, row[s * split_stride + kLatent]);
-  m = reduce(m, [](float x, float y) { return fmaxf(x, y); });
+  m = BlockReduce<kOutWarps>(m, scratch, [](float x, float y) { return fmaxf(x, y); });
   float total = 0.f;
   for (int s = tid; s < a.splits; s += kOutThreads) {
     const float ms = row[s * split_stride + kLatent];
     weight[s] = ms == -INFINITY ? 0.f : exp2f(ms - m);  // a split that saw no key wrote no output
     total += weight[s] * row[s * split_stride + kLatent + 1];
   }
-  total = reduce(total, [](float x, float y) { return x + y; });
+  total = BlockReduce<kOutWarps>(total, scratch, [](float x, float y) { return x + y; });  // publishes `weight`
   const int pair = tid % (kLatent / 2), half = tid / (kLatent / 2);
   float2 acc = {0.f, 0.f};
 #pragma unroll 8
@@ -261,8 +262,7 @@ __global__ void __launch_bounds__(kOutThreads) MlaTokenOutKernel(OutArgs a) {
 #pragma unroll
       for (int j = 0; j < 8; ++j) sum = fmaf(f[j], l[j], sum);
     }
-#pragma unroll
-    for (int d = 16; d > 0; d >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, d);
+    sum = WarpReduce(sum, [](float x, float y) { return x + y; });
     if (lane == 0) attention[d0 + r] = __float2bfloat16(sum);
   }
 }
@@ -277,33 +277,13 @@ __global__ void __launch_bounds__(kThreads) MlaTokenProjKernel(ProjArgs a) {
   const int col = blockIdx.x * kProjColumns + v * 8, rows = a.rows / kProjGroups;
   const bf16* w = a.wo + static_cast<size_t>(g) * a.hidden + col;
   uint4 wv[kProjRows];
-#pragma unroll
-  for (int i = 0; i < kProjRows; ++i) {
-    wv[i] = i < rows ? LoadStream(w + static_cast<size_t>(i) * kProjGroups * a.hidden) : make_uint4(0u, 0u, 0u, 0u);
-  }
+  LoadRows(wv, w, static_cast<size_t>(kProjGroups) * a.hidden, rows);
   WaitForPrevious();  // the heads' outputs
   const bf16* attention = a.attention + static_cast<size_t>(b) * a.rows;
   for (int i = tid; i < a.rows; i += kThreads) x[i] = __bfloat162float(attention[i]);
   __syncthreads();
-  float acc[8] = {};
-#pragma unroll
-  for (int i = 0; i < kProjRows; ++i) {
-    if (i < rows) {
-      float f[8];
-      Unpack<bf16>(wv[i], f);
-      const float c = x[g + i * kProjGroups];
-#pragma unroll
-      for (int j = 0; j < 8; ++j) acc[j] = fmaf(c, f[j], acc[j]);
-    }
-  }
-#pragma unroll
-  for (int j = 0; j < 8; ++j) sums[g][v * 8 + j] = acc[j];
-  __syncthreads();
-  if (tid < kProjColumns) {
-    float sum = 0.f;
-    for (int gg = 0; gg < kProjGroups; ++gg) sum += sums[gg][tid];
-    a.out[static_cast<size_t>(b) * a.hidden + blockIdx.x * kProjColumns + tid] = __float2bfloat16(sum);
-  }
+  const float sum = ColumnSums(wv, rows, x, sums);
+  if (tid < kProjColumns) a.out[static_cast<size_t>(b) * a.hidden + blockIdx.x * kProjColumns + tid] = __float2bfloat16(sum);
 }
 
 // kernel<<<grid, threads>>>(args) as a programmatic dependent of the stream's previous kernel.
