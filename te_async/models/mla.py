@@ -14,8 +14,8 @@ expands the cache: kv_b_proj is absorbed into the query and the output (q_nope .
 (q_nope W_uk) . c, and p (c W_uv) = (p c) W_uv), so a step reads the cache once and multiplies
 by kv_b_proj once per new token instead of once per cached token (te_async.mla_decode; at one new
 token per sequence and the batches te_async.mla_token.takes, that call runs the whole decode branch
-and o_proj). A whole sequence (forward, prefill)
-takes the expanded path, as transformers does, which costs fewer FLOPs there.
+and o_proj). A whole sequence (forward, prefill) takes the expanded path, as transformers does,
+which costs fewer FLOPs there.
 
 kv_b_proj's weight is kept as transformers stores it, [heads * (nope + v), latent]: head-major, the
 layout in which XLA's per-head products of the absorbed decode read it in place. Stored [latent,
