@@ -3,7 +3,7 @@
 Between a decode step's input projections and the residual add, te_async.models.mla normalises the
 new latent, rotates both rope parts, writes the cache, absorbs kv_b_proj into the query, attends
 over the latent cache, merges the key splits, absorbs kv_b_proj into the output and applies o_proj:
-at batch 1 about 19 kernels and two copies of the layer's cache slice, some 41 us of GPU time per
+at batch 1 about 16 kernels and two copies of the layer's cache slice, some 40 us of GPU time per
 DeepSeek-V2-Lite layer for 17 MB of reads (docs/design-b1-attention-block.md).
 `mla_token_attention` runs csrc/cuda/mla_token.cu instead: four kernels, each a programmatic
 dependent launch of the one before (the prep, decode_attention's split kernel, the merge with the

@@ -1,7 +1,7 @@
 // DeepSeek's multi-head latent attention for one new token per sequence, from the attention's input
 // projections to o_proj's output, in one FFI call of four kernels, each a programmatic dependent of
 // the one before (programmatic_launch.cuh; te_async/mla_token.py). At batch 1 XLA ran this part of
-// a layer as about 19 kernels and two copies of the layer's cache slice, some 41 us of GPU time for
+// a layer as about 16 kernels and two copies of the layer's cache slice, some 40 us of GPU time for
 // 17 MB of reads (docs/design-b1-attention-block.md).
 //
 //   1. MlaTokenPrepKernel, block (head h x 64 latent columns, sequence b): the absorbed query
