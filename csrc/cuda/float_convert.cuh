@@ -37,6 +37,12 @@ __device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float v) {
   return __float2bfloat16_rn(v);
 }
 
+// v rounded to T's precision (nearest even), back in f32: where an unfused path writes T.
+template <typename T>
+__device__ __forceinline__ float Rounded(float v) {
+  return ToFloat<T>(FromFloat<T>(v));
+}
+
 // SwiGLU's activation of one (gate, up) pair in f32, as te_async.mlp.activate computes it before
 // rounding to the input dtype: silu(gate) * up.
 __device__ __forceinline__ float SwigluF32(float gate, float up) { return gate / (1.f + expf(-gate)) * up; }

@@ -34,6 +34,7 @@
 #include "cuda/block_reduce.cuh"
 #include "cuda/cuda_check.h"
 #include "cuda/decode_attention_kernels.cuh"
+#include "cuda/float_convert.cuh"
 #include "cuda/handlers.h"
 #include "cuda/mla_decode.h"
 #include "cuda/programmatic_launch.cuh"
@@ -102,8 +103,6 @@ struct ProjArgs {
   int rows, hidden;       // rows = H * dv
 };
 
-__device__ __forceinline__ float Rounded(float x) { return __bfloat162float(__float2bfloat16(x)); }
-
 // Element i of rope part x (dr values) rotated as te_async.models.rope.apply_rope does, in the half
 // layout: x[i] cos[i] - x[i + dr/2] sin[i] in the first half, x[i] cos[i] + x[i - dr/2] sin[i] in
 // the second.
@@ -134,7 +133,7 @@ __device__ void WriteCacheRow(const PrepArgs& a, int b, float* scratch) {
 #pragma unroll
   for (int j = 0; j < kLatentPerThread; ++j) {
     const int i = tid + j * kThreads;
-    c[i] = __float2bfloat16(__bfloat162float(a.kv_norm[i]) * Rounded(x[j] * r));
+    c[i] = __float2bfloat16(__bfloat162float(a.kv_norm[i]) * Rounded<bf16>(x[j] * r));
   }
   if (tid < kRope) a.kpe[row * kRope + tid] = Rotated(kv + kLatent, tid, a);
 }
@@ -246,7 +245,7 @@ __global__ void __launch_bounds__(kOutThreads) MlaTokenOutKernel(OutArgs a) {
   __syncthreads();
   if (half == 0) {  // the halves added in order; 0 / 0 where no split saw a key
     for (int i = 1; i < kMergeHalves; ++i) acc.x += halves[i][pair].x, acc.y += halves[i][pair].y;
-    latent[2 * pair] = Rounded(acc.x / total), latent[2 * pair + 1] = Rounded(acc.y / total);
+    latent[2 * pair] = Rounded<bf16>(acc.x / total), latent[2 * pair + 1] = Rounded<bf16>(acc.y / total);
   }
   __syncthreads();
 

@@ -123,11 +123,6 @@ constexpr size_t RouteSharedBytes(int hidden, int experts) {
   return sizeof(float) * (hidden + kRouteSlices * experts + kNormLanes + 1 + kThreads * kVec);
 }
 
-template <typename T>
-__device__ __forceinline__ float Rounded(float v) {
-  return ToFloat<T>(FromFloat<T>(v));
-}
-
 // x [H] -> xs [H] as f32, RMS-normalised when n.scale is set: y = x * rsqrt(mean(x^2) + eps), then
 // (round_first: transformers' RMSNorm) round(round(y) * round(scale)) or (te_async.mlp.normalize)
 // round(y * scale). The scale is loaded with x, into registers, so that its read does not wait for
