@@ -109,8 +109,6 @@ __global__ void __launch_bounds__(kThreads) CombineKernel(Args a, int splits) {
   __shared__ float weight[kDecodeAttentionMaxSplits];
   __shared__ float scratch[kWarps];
   __shared__ float4 lane_sums[kMergeLanes][kMergeQuads];
-  StartDependents();
-  WaitForPrevious();  // the split kernel's partials
   const int bh = blockIdx.x, r = blockIdx.y, b = bh / a.kv_heads, kv_head = bh % a.kv_heads;
   const int group = a.heads / a.kv_heads;
   if (r >= group * a.tokens) return;
@@ -181,20 +179,13 @@ ffi::Error LaunchSplits(cudaStream_t stream, const Args& a, int splits, bool aft
   return CudaStatus(cudaLaunchKernelEx(&config, Shape<I>::kKernel, a), "launch of the decode attention's split kernel");
 }
 
-// The merge of shape I's splits, a programmatic dependent of the split kernel (it waits for the
-// splits before it reads them).
+// The merge of shape I's splits, behind the split kernel in the stream.
 template <int I>
 ffi::Error LaunchMerge(cudaStream_t stream, const Args& a, int splits) {
   constexpr int kValueDims = Shape<I>::s.value_dims;
-  cudaLaunchAttribute attr = ProgrammaticDependency();
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(a.batch * a.kv_heads, kRows, kValueDims / kMergeColumns);
-  config.blockDim = dim3(kThreads);
-  config.stream = stream;
-  config.attrs = &attr;
-  config.numAttrs = 1;
-  return CudaStatus(cudaLaunchKernelEx(&config, CombineKernel<kValueDims>, a, splits),
-                    "launch of the decode attention's CombineKernel");
+  CombineKernel<kValueDims><<<dim3(a.batch * a.kv_heads, kRows, kValueDims / kMergeColumns), kThreads, 0, stream>>>(
+      a, splits);
+  return CudaStatus(cudaGetLastError(), "launch of the decode attention's CombineKernel");
 }
 
 }  // namespace
