@@ -36,7 +36,8 @@ AUTO_MAX_BATCH = 2
 
 
 def applies(q: jax.Array, kv_a: jax.Array, w_kv: jax.Array, wo: jax.Array, ckv: jax.Array) -> bool:
-    """Whether the call runs here: the CUDA module and a GPU backend, bf16, DeepSeek's dims, one new
+    """Whether the call runs here: the CUDA module and a GPU backend of compute capability 9.0 or
+    later (its kernels are chained by programmatic dependent launch), bf16, DeepSeek's dims, one new
     token per sequence, at most DECODE_ATTENTION_MAX_ROWS heads, a hidden size that is a multiple
     of 16. q [B, 1, H, dn + dr], kv_a [B, 1, latent + dr], w_kv [H, dn + dv, latent], wo [H * dv,
     hidden], ckv [L, B, N, latent]."""
@@ -48,7 +49,8 @@ def applies(q: jax.Array, kv_a: jax.Array, w_kv: jax.Array, wo: jax.Array, ckv: 
     return (all(x.dtype == jnp.bfloat16 for x in (q, kv_a, w_kv, wo, ckv)) and t == 1
             and h <= module.DECODE_ATTENTION_MAX_ROWS and q.shape[-1] == dn + dr and kv_a.shape[-1] == latent + dr
             and w_kv.shape[1:] == (dn + dv, latent) and wo.ndim == 2 and wo.shape[0] == h * dv
-            and wo.shape[1] % 16 == 0 and ckv.shape[1] == b and ckv.shape[-1] == latent)
+            and wo.shape[1] % 16 == 0 and ckv.shape[1] == b and ckv.shape[-1] == latent
+            and all(cc >= 90 for cc, _ in plan.local_gpu_kinds()))
 
 
 def takes(q: jax.Array, kv_a: jax.Array, w_kv: jax.Array, wo: jax.Array, ckv: jax.Array) -> bool:
@@ -74,9 +76,10 @@ def mla_token_attention(q: jax.Array, kv_a: jax.Array, kv_norm: jax.Array, w_kv:
     as te_async.models.mla rounds; no gradient.
     """
     if not applies(q, kv_a, w_kv, wo, ckv):
-        raise ValueError(f"mla_token_attention needs a GPU with te_async's CUDA module, bf16, one token per sequence, "
-                         f"at most DECODE_ATTENTION_MAX_ROWS (16) heads and DeepSeek's dims; got q {q.dtype} "
-                         f"{q.shape}, kv_a {kv_a.shape}, w_kv {w_kv.shape}, wo {wo.shape}, ckv {ckv.dtype} {ckv.shape}")
+        raise ValueError(f"mla_token_attention needs a GPU of compute capability 9.0 or later with te_async's CUDA "
+                         f"module, bf16, one token per sequence, at most DECODE_ATTENTION_MAX_ROWS (16) heads and "
+                         f"DeepSeek's dims; got q {q.dtype} {q.shape}, kv_a {kv_a.shape}, w_kv {w_kv.shape}, wo "
+                         f"{wo.shape}, ckv {ckv.dtype} {ckv.shape}")
     check_window_and_layer(window, layer, ckv.shape[0])
     b, _, h, _ = q.shape
     _, _, n, latent = ckv.shape

@@ -82,11 +82,18 @@ def numpy_prep(operands, position, interleaved=True):
 
 
 def test_refuses_what_it_cannot_run(rng):
-    """float32 operands (or no GPU): an error naming what the call takes, on any machine."""
-    operands = [jnp.asarray(x, jnp.float32) for x in make(rng, 1, 16, 64)]
-    assert not mla_token.applies(*operands[:2], *operands[3:6])
-    with pytest.raises(ValueError, match="mla_token_attention needs a GPU"):
-        kernel(operands, 3, 0)
+    """float32 operands, two tokens, 17 heads, a latent of the wrong width, a hidden size that is not
+    a multiple of 16 (or no GPU): an error naming what the call takes, on any machine."""
+    good = make(rng, 1, 16, 64)
+    bad = [[jnp.asarray(x, jnp.float32) for x in good],
+           [jnp.concatenate([good[0]] * 2, axis=1)] + list(good[1:]),
+           list(make(rng, 1, 17, 64)),
+           [good[0], good[1][..., :-8]] + list(good[2:]),
+           good[:4] + (good[4][:, :40],) + good[5:]]
+    for operands in bad:
+        assert not mla_token.applies(*operands[:2], *operands[3:6])
+        with pytest.raises(ValueError, match="mla_token_attention needs a GPU"):
+            kernel(operands, 3, 0)
 
 
 CASES = [  # (batch, heads, max_len, position, window, interleaved)
