@@ -1,9 +1,11 @@
-// DeepSeek's multi-head latent attention for one new token per sequence, from the attention's input
-// projections to o_proj's output, in one FFI call of four kernels, each a programmatic dependent of
-// the one before (programmatic_launch.cuh; te_async/mla_token.py). At batch 1 XLA ran this part of
-// a layer as about 16 kernels and two copies of the layer's cache slice, some 40 us of GPU time for
-// 17 MB of reads (docs/design-b1-attention-block.md).
+// DeepSeek's multi-head latent attention for one new token per sequence, the whole attention half
+// of a decoder layer (input_layernorm to the residual add), in one FFI call of five kernels, each
+// but the first a programmatic dependent of the one before (programmatic_launch.cuh;
+// te_async/mla_token.py). At batch 1 XLA ran this part of a layer as about 24 kernels and two
+// copies of the layer's cache slice (docs/design-b1-attention-block.md).
 //
+//   0. ProductKernel with a norm weight, block (16 columns): input_layernorm of the residual stream
+//      x and its product with w_in, the side-by-side q_proj and kv_a_proj_with_mqa weights.
 //   1. MlaTokenPrepKernel, block (head h x 64 latent columns, sequence b): the absorbed query
 //      q_latent[h, cols] = q_nope[h] . W_uk[h][:, cols] over wkv_b's key half; the first column
 //      block of each head also rotates the head's rope query, and block (0, b) normalises the new
@@ -13,16 +15,18 @@
 //      each key split's unnormalised output with its max and sum.
 //   3. MlaTokenOutKernel, block (head h, sequence b): the merge of head h's splits into its latent
 //      output, then W_uv[h] (wkv_b's value half) times it: the head's output.
-//   4. MlaTokenProjKernel, block (16 columns, sequence b): o_proj over the heads' outputs.
-// Each boundary needs the whole previous result, hence four kernels. Each lets the next start at
-// once: the last two load their weights (2 and 8 MB at DeepSeek-V2-Lite's shapes) into registers
-// while the attention, which leaves most of the HBM's bandwidth unused at one sequence, runs.
+//   4. ProductKernel with a residual, block (16 columns): x + o_proj over the heads' outputs.
+// Each boundary needs the whole previous result, hence five kernels. Each lets the next start at
+// once: the dependents load their weights (W_uk, W_uv, o_proj's: 2, 2 and 8 MB at DeepSeek-V2-
+// Lite's shapes) into registers while the kernels before them, which leave most of the HBM's
+// bandwidth unused at one sequence, run.
 //
-// Values are rounded to bf16 where te_async.models.mla's unfused path rounds them: the normalised
-// latent and both rotated rope parts (rms_norm, apply_rope: f32 math, then bf16), the latent query,
-// the attention's latent output, the heads' outputs and o_proj's. A layer index or position outside
-// the cache writes nothing; the attention then gives NaN (a bad layer, a negative position) or sees
-// the keys it can (a position past the cache, whose logits te_async.models makes NaN).
+// Values are rounded to bf16 where te_async.models' unfused path rounds them: both RMSNorms
+// (normalise in f32, round, times the weight, round), the input projections, both rotated rope
+// parts, the latent query, the attention's latent output, the heads' outputs, o_proj's output and
+// the residual sum. A layer index or position outside the cache writes nothing; the attention then
+// gives NaN (a bad layer, a negative position) or sees the keys it can (a position past the cache,
+// whose logits te_async.models makes NaN).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -37,6 +41,7 @@
 #include "cuda/float_convert.cuh"
 #include "cuda/handlers.h"
 #include "cuda/mla_decode.h"
+#include "cuda/mla_token.h"
 #include "cuda/programmatic_launch.cuh"
 #include "cuda/vector_loads.cuh"
 #include "debug_flags.h"
@@ -63,9 +68,9 @@ constexpr int kOutWarps = kOutThreads / 32;
 constexpr int kRowsPerWarp = kValue / kOutWarps;
 constexpr int kVectorsPerLane = kLatent / 8 / 32;         // 16-byte vectors of a W_uv row per lane
 constexpr int kMergeHalves = kOutThreads / (kLatent / 2); // threads per latent column pair in the merge
-constexpr int kProjColumns = 16;                          // o_proj output columns per block
-constexpr int kProjGroups = kThreads / (kProjColumns / 8);  // o_proj thread (g, v): rows g, g + kProjGroups, ...
-constexpr int kProjRows = kDecodeAttentionMaxRows * kValue / kProjGroups;  // most rows per thread
+constexpr int kProductColumns = 16;                           // ProductKernel's output columns per block
+constexpr int kProductGroups = kThreads / (kProductColumns / 8);  // its thread (g, v): rows g, g + kProductGroups, ...
+constexpr int kProductRows = kMlaTokenMaxHidden / kProductGroups;  // most rows per thread
 constexpr int kLatentPerThread = kLatent / kThreads;
 // The split kernel is instantiated for shape 0 of kDecodeAttentionShapes.
 constexpr DecodeAttentionShape kShape = kDecodeAttentionShapes[0];
@@ -74,17 +79,18 @@ static_assert(kShape.key_dims == kLatent && kShape.rope_dims == kRope && kShape.
               "decode attention's shape 0 is MLA's latent cache");
 static_assert(kLatent % kLatentColumns == 0 && kNope % kRowGroups == 0 && kLatent == 2 * kThreads &&
                   kValue % kOutWarps == 0 && kOutThreads % (kLatent / 2) == 0 && kRope <= kThreads &&
-                  kNope <= kThreads && kVectorsPerLane * 8 * 32 == kLatent && kValue % kProjGroups == 0,
+                  kNope <= kThreads && kVectorsPerLane * 8 * 32 == kLatent && kMlaTokenHiddenStep == kProductGroups &&
+                  kDecodeAttentionMaxRows * kValue <= kMlaTokenMaxHidden && kValue % kProductGroups == 0,
               "whole blocks");
 
 struct PrepArgs {
-  const bf16 *q, *kv_a, *kv_norm, *w_kv;  // q [B, H, dn + dr], kv_a [B, latent + dr], kv_norm [latent],
-                                          // w_kv [H, dn + dv, latent]
+  const bf16 *projected, *kv_norm, *w_kv;  // projected [B, width]: q [H, dn + dr] then kv_a [latent + dr];
+                                           // kv_norm [latent], w_kv [H, dn + dv, latent]
   const float *cos, *sin;                 // [dr], the token's rotation (with YaRN's attention factor)
   const int *layer, *position;            // device scalars
   bf16 *ckv, *kpe;                        // the stacked cache [L, B, N, latent] and [L, B, N, dr]
   bf16 *q_latent, *q_rope;                // [B, H, latent], [B, H, dr]
-  int batch, heads, max_len, layers;
+  int batch, heads, width, max_len, layers;
   float eps;
   bool interleaved;  // the rope parts come as DeepSeek's interleaved pairs (rope.interleaved_to_half)
 };
@@ -96,11 +102,14 @@ struct OutArgs {
   int heads, splits;
 };
 
-struct ProjArgs {
-  const bf16* attention;  // [B, H * dv]
-  const bf16* wo;         // [H * dv, hidden]
-  bf16* out;              // [B, hidden]
-  int rows, hidden;       // rows = H * dv
+struct ProductArgs {
+  const bf16* in;        // [B, rows]
+  const bf16* norm;      // [rows]: RMSNorm's weight, applied to `in` with eps; null: `in` as it is
+  const bf16* w;         // [rows, cols]
+  const bf16* residual;  // [B, cols], added to the rounded product; or null
+  bf16* out;             // [B, cols]
+  int batch, rows, cols;
+  float eps;
 };
 
 // Element i of rope part x (dr values) rotated as te_async.models.rope.apply_rope does, in the half
@@ -115,37 +124,46 @@ __device__ __forceinline__ bf16 Rotated(const bf16* x, int i, const PrepArgs& a)
   return __float2bfloat16(at(i) * a.cos[i] + other * a.sin[i]);
 }
 
-// kv_a_layernorm of the new latent (transformers' RMSNorm: normalise in f32, round, times the
-// weight, round) and the rotated rope key, into the cache at (layer, b, position).
-__device__ void WriteCacheRow(const PrepArgs& a, int b, float* scratch) {
+// transformers' RMSNorm (te_async.models.norm): 1 / rms of n values from each thread's sum of
+// their squares, and one value x normalised with it (rounded), times its weight (rounded).
+__device__ __forceinline__ float InverseRms(float squares, int n, float eps, float* scratch) {
+  return rsqrtf(BlockReduce<kWarps>(squares, scratch, [](float u, float v) { return u + v; }) / n + eps);
+}
+__device__ __forceinline__ float Normalized(float x, float inverse_rms, bf16 weight) {
+  return Rounded<bf16>(__bfloat162float(weight) * Rounded<bf16>(x * inverse_rms));
+}
+
+// kv_a_layernorm of the new latent and the rotated rope key, into the cache at (layer, b, position).
+__device__ void WriteCacheRow(const PrepArgs& a, const bf16* kv, int b, float* scratch) {
   const int tid = threadIdx.x, layer = *a.layer, position = *a.position;
-  const bf16* kv = a.kv_a + static_cast<size_t>(b) * (kLatent + kRope);
   float x[kLatentPerThread], squares = 0.f;
 #pragma unroll
   for (int j = 0; j < kLatentPerThread; ++j) {
     x[j] = __bfloat162float(kv[tid + j * kThreads]);
     squares = fmaf(x[j], x[j], squares);
   }
-  const float r = rsqrtf(BlockReduce<kWarps>(squares, scratch, [](float u, float v) { return u + v; }) / kLatent + a.eps);
+  const float r = InverseRms(squares, kLatent, a.eps, scratch);
   if (layer < 0 || layer >= a.layers || position < 0 || position >= a.max_len) return;
   const size_t row = (static_cast<size_t>(layer) * a.batch + b) * a.max_len + position;
   bf16* c = a.ckv + row * kLatent;
 #pragma unroll
   for (int j = 0; j < kLatentPerThread; ++j) {
     const int i = tid + j * kThreads;
-    c[i] = __float2bfloat16(__bfloat162float(a.kv_norm[i]) * Rounded<bf16>(x[j] * r));
+    c[i] = __float2bfloat16(Normalized(x[j], r, a.kv_norm[i]));
   }
   if (tid < kRope) a.kpe[row * kRope + tid] = Rotated(kv + kLatent, tid, a);
 }
 
-// The prep's and o_proj's product of a vector with a weight matrix, by blocks of kColumns columns:
+// The prep's and ProductKernel's products of a vector with a weight matrix, by blocks of kColumns columns:
 // thread (g, v) of the block owns 16-byte column vector v and rows g, g + kGroups, ... (at most
 // kMaxRows of them, `rows` in all), which it loads into registers first (LoadRows), so that their
 // latency overlaps whatever the block does before it needs them (ColumnSums).
 template <int kMaxRows>
 __device__ __forceinline__ void LoadRows(uint4 (&wv)[kMaxRows], const bf16* first, size_t row_step, int rows) {
 #pragma unroll
-  for (int i = 0; i < kMaxRows; ++i) wv[i] = i < rows ? LoadStream(first + i * row_step) : make_uint4(0u, 0u, 0u, 0u);
+  for (int i = 0; i < kMaxRows; ++i) {
+    wv[i] = i < rows ? LoadStreamBeforeWait(first + i * row_step) : make_uint4(0u, 0u, 0u, 0u);
+  }
 }
 
 // coef . W for the block's kColumns columns from the rows LoadRows loaded: each thread sums its
@@ -177,8 +195,7 @@ __device__ __forceinline__ float ColumnSums(const uint4 (&wv)[kMaxRows], int row
   return sum;
 }
 
-// Thread (g, v) loads its rows of the block's W_uk slice first, then the query, so that one
-// memory latency covers both.
+// Thread (g, v) loads its rows of the block's W_uk slice before it waits for the input projections.
 __global__ void __launch_bounds__(kThreads) MlaTokenPrepKernel(PrepArgs a) {
   StartDependents();
   __shared__ float q_nope[kNope];
@@ -189,14 +206,15 @@ __global__ void __launch_bounds__(kThreads) MlaTokenPrepKernel(PrepArgs a) {
   const bf16* w = a.w_kv + (static_cast<size_t>(h) * (kNope + kValue) + g) * kLatent + part * kLatentColumns + v * 8;
   uint4 wv[kRowsPerThread];
   LoadRows(wv, w, kRowGroups * kLatent, kRowsPerThread);
+  WaitForPrevious();  // q and kv_a
   const size_t bh = static_cast<size_t>(b) * a.heads + h;
-  const bf16* q = a.q + bh * (kNope + kRope);
+  const bf16* q = a.projected + static_cast<size_t>(b) * a.width + h * (kNope + kRope);
   if (tid < kNope) q_nope[tid] = __bfloat162float(q[tid]);
   __syncthreads();
   const float sum = ColumnSums(wv, kRowsPerThread, q_nope, sums);
   if (tid < kLatentColumns) a.q_latent[bh * kLatent + part * kLatentColumns + tid] = __float2bfloat16(sum);
   if (part == 0 && tid < kRope) a.q_rope[bh * kRope + tid] = Rotated(q + kNope, tid, a);
-  if (h == 0 && part == 0) WriteCacheRow(a, b, scratch);
+  if (h == 0 && part == 0) WriteCacheRow(a, a.projected + static_cast<size_t>(b) * a.width + a.heads * (kNope + kRope), b, scratch);
 }
 
 // The merge of head h's key splits into its latent output (as CombineKernel: weights 2^(max_s - M)
@@ -216,7 +234,7 @@ __global__ void __launch_bounds__(kOutThreads) MlaTokenOutKernel(OutArgs a) {
 #pragma unroll
   for (int r = 0; r < kRowsPerWarp; ++r) {
 #pragma unroll
-    for (int k = 0; k < kVectorsPerLane; ++k) wv[r][k] = LoadStream(w + r * kLatent + (lane + 32 * k) * 8);
+    for (int k = 0; k < kVectorsPerLane; ++k) wv[r][k] = LoadStreamBeforeWait(w + r * kLatent + (lane + 32 * k) * 8);
   }
   WaitForPrevious();  // the split kernel's partial outputs
 
@@ -266,23 +284,37 @@ __global__ void __launch_bounds__(kOutThreads) MlaTokenOutKernel(OutArgs a) {
   }
 }
 
-// o_proj: out[b, cols] = attention[b] . wo[:, cols] for the block's kProjColumns columns. Thread
-// (g, v) loads its rows of them (g, g + kProjGroups, ...) before it waits for the heads' outputs;
-// the groups' partial sums are then added in group order.
-__global__ void __launch_bounds__(kThreads) MlaTokenProjKernel(ProjArgs a) {
-  __shared__ float x[kDecodeAttentionMaxRows * kValue];
-  __shared__ float sums[kProjGroups][kProjColumns];
-  const int tid = threadIdx.x, v = tid % (kProjColumns / 8), g = tid / (kProjColumns / 8), b = blockIdx.y;
-  const int col = blockIdx.x * kProjColumns + v * 8, rows = a.rows / kProjGroups;
-  const bf16* w = a.wo + static_cast<size_t>(g) * a.hidden + col;
-  uint4 wv[kProjRows];
-  LoadRows(wv, w, static_cast<size_t>(kProjGroups) * a.hidden, rows);
-  WaitForPrevious();  // the heads' outputs
-  const bf16* attention = a.attention + static_cast<size_t>(b) * a.rows;
-  for (int i = tid; i < a.rows; i += kThreads) x[i] = __bfloat162float(attention[i]);
+// Kernels 0 and 4, block (kProductColumns columns, sequence b): out[b, cols] = v . w[:, cols]
+// (+ residual[b, cols]), where v is in[b], through RMSNorm when a norm weight is given. Thread (g, v)
+// loads its rows of the block's columns (g, g + kProductGroups, ...) into registers before it
+// waits for the previous kernel; the groups' partial sums are added in group order.
+__global__ void __launch_bounds__(kThreads) ProductKernel(ProductArgs a) {
+  StartDependents();
+  __shared__ float x[kMlaTokenMaxHidden];
+  __shared__ float sums[kProductGroups][kProductColumns];
+  __shared__ float scratch[kWarps];
+  const int tid = threadIdx.x, v = tid % (kProductColumns / 8), g = tid / (kProductColumns / 8), b = blockIdx.y;
+  const int col = blockIdx.x * kProductColumns, rows = a.rows / kProductGroups;
+  uint4 wv[kProductRows];
+  LoadRows(wv, a.w + static_cast<size_t>(g) * a.cols + col + v * 8, static_cast<size_t>(kProductGroups) * a.cols, rows);
+  WaitForPrevious();  // o_proj: the heads' outputs (returns at once where the launch has no dependency)
+  const bf16* in = a.in + static_cast<size_t>(b) * a.rows;
+  float squares = 0.f;
+  for (int i = tid; i < a.rows; i += kThreads) {
+    x[i] = __bfloat162float(in[i]);
+    squares = fmaf(x[i], x[i], squares);
+  }
+  if (a.norm != nullptr) {
+    const float r = InverseRms(squares, a.rows, a.eps, scratch);
+    for (int i = tid; i < a.rows; i += kThreads) x[i] = Normalized(x[i], r, a.norm[i]);
+  }
   __syncthreads();
   const float sum = ColumnSums(wv, rows, x, sums);
-  if (tid < kProjColumns) a.out[static_cast<size_t>(b) * a.hidden + blockIdx.x * kProjColumns + tid] = __float2bfloat16(sum);
+  if (tid < kProductColumns) {
+    const size_t at = static_cast<size_t>(b) * a.cols + col + tid;
+    const float y = Rounded<bf16>(sum);
+    a.out[at] = __float2bfloat16(a.residual == nullptr ? y : __bfloat162float(a.residual[at]) + y);
+  }
 }
 
 // kernel<<<grid, threads>>>(args) as a programmatic dependent of the stream's previous kernel.
@@ -299,63 +331,72 @@ ffi::Error LaunchAfterPrevious(void (*kernel)(Args), dim3 grid, int threads, con
   return CudaStatus(cudaLaunchKernelEx(&config, kernel, args), what);
 }
 
-ffi::Error MlaToken(cudaStream_t stream, ffi::Buffer<ffi::BF16> q, ffi::Buffer<ffi::BF16> kv_a,
-                    ffi::Buffer<ffi::BF16> kv_norm, ffi::Buffer<ffi::BF16> w_kv, ffi::Buffer<ffi::BF16> wo,
-                    ffi::Buffer<ffi::F32> cos, ffi::Buffer<ffi::F32> sin, ffi::Buffer<ffi::BF16> ckv,
-                    ffi::Buffer<ffi::BF16> kpe, ffi::Buffer<ffi::S32> layer, ffi::Buffer<ffi::S32> position,
-                    ffi::Result<ffi::Buffer<ffi::BF16>> out, ffi::Result<ffi::Buffer<ffi::BF16>> ckv_out,
-                    ffi::Result<ffi::Buffer<ffi::BF16>> kpe_out, ffi::Result<ffi::Buffer<ffi::BF16>> q_latent,
+ffi::Error MlaToken(cudaStream_t stream, ffi::Buffer<ffi::BF16> x, ffi::Buffer<ffi::BF16> norm,
+                    ffi::Buffer<ffi::BF16> w_in, ffi::Buffer<ffi::BF16> kv_norm, ffi::Buffer<ffi::BF16> w_kv,
+                    ffi::Buffer<ffi::BF16> wo, ffi::Buffer<ffi::F32> cos, ffi::Buffer<ffi::F32> sin,
+                    ffi::Buffer<ffi::BF16> ckv, ffi::Buffer<ffi::BF16> kpe, ffi::Buffer<ffi::S32> layer,
+                    ffi::Buffer<ffi::S32> position, ffi::Result<ffi::Buffer<ffi::BF16>> out,
+                    ffi::Result<ffi::Buffer<ffi::BF16>> ckv_out, ffi::Result<ffi::Buffer<ffi::BF16>> kpe_out,
+                    ffi::Result<ffi::Buffer<ffi::BF16>> projected, ffi::Result<ffi::Buffer<ffi::BF16>> q_latent,
                     ffi::Result<ffi::Buffer<ffi::BF16>> q_rope, ffi::Result<ffi::Buffer<ffi::F32>> partial,
                     ffi::Result<ffi::Buffer<ffi::BF16>> attention, float scale, int64_t window, float eps,
-                    bool interleaved) {
+                    float latent_eps, bool interleaved) {
   auto bad = [&](const std::string& why) {
-    return ffi::Error::InvalidArgument("te_async mla_token: " + why + " (q " + Dims(q.dimensions()) + ", kv_a " +
-                                       Dims(kv_a.dimensions()) + ", w_kv " + Dims(w_kv.dimensions()) + ", wo " +
+    return ffi::Error::InvalidArgument("te_async mla_token: " + why + " (x " + Dims(x.dimensions()) + ", w_in " +
+                                       Dims(w_in.dimensions()) + ", w_kv " + Dims(w_kv.dimensions()) + ", wo " +
                                        Dims(wo.dimensions()) + ", ckv " + Dims(ckv.dimensions()) + ", kpe " +
                                        Dims(kpe.dimensions()) + ", partial " + Dims(partial->dimensions()) + ")");
   };
-  const auto qd = q.dimensions(), cd = ckv.dimensions(), pd = partial->dimensions(), wd = wo.dimensions();
-  if (qd.size() != 4 || cd.size() != 4 || pd.size() != 4 || wd.size() != 2) return bad("ranks");
-  const int64_t batch = qd[0], heads = qd[2], layers = cd[0], max_len = cd[2], splits = pd[0], hidden = wd[1];
+  const auto xd = x.dimensions(), cd = ckv.dimensions(), pd = partial->dimensions(), kd = w_kv.dimensions();
+  if (xd.size() != 3 || cd.size() != 4 || pd.size() != 4 || kd.size() != 3) return bad("ranks");
+  const int64_t batch = xd[0], hidden = xd[2], heads = kd[0], layers = cd[0], max_len = cd[2], splits = pd[0];
+  const int64_t width = heads * (kNope + kRope) + kLatent + kRope;  // w_in's columns: q, then kv_a
   const auto is = [](const auto& buffer, std::initializer_list<int64_t> dims) {
     const auto d = buffer.dimensions();
     return std::equal(d.begin(), d.end(), dims.begin(), dims.end());
   };
-  if (!is(q, {batch, 1, heads, kNope + kRope}) || !is(kv_a, {batch, 1, kLatent + kRope}) ||
-      !is(kv_norm, {kLatent}) || !is(w_kv, {heads, kNope + kValue, kLatent}) || !is(wo, {heads * kValue, hidden}) ||
-      !is(cos, {kRope}) || !is(sin, {kRope}) || !is(ckv, {layers, batch, max_len, kLatent}) ||
+  if (!is(x, {batch, 1, hidden}) || !is(norm, {hidden}) || !is(w_in, {hidden, width}) || !is(kv_norm, {kLatent}) ||
+      !is(w_kv, {heads, kNope + kValue, kLatent}) || !is(wo, {heads * kValue, hidden}) || !is(cos, {kRope}) ||
+      !is(sin, {kRope}) || !is(ckv, {layers, batch, max_len, kLatent}) ||
       !is(kpe, {layers, batch, max_len, kRope}) || layer.element_count() != 1 || position.element_count() != 1 ||
-      !is(*out, {batch, 1, hidden}) || !is(*q_latent, {batch, 1, heads, kLatent}) ||
-      !is(*q_rope, {batch, 1, heads, kRope}) || !is(*partial, {splits, batch, kRows, kLatent + 2}) ||
-      !is(*attention, {batch, 1, heads, kValue})) {
-    return bad("shapes: q [B, 1, H, " + std::to_string(kNope + kRope) + "], kv_a [B, 1, " +
-               std::to_string(kLatent + kRope) + "], w_kv [H, " + std::to_string(kNope + kValue) + ", " +
+      !is(*out, {batch, 1, hidden}) || !is(*projected, {batch, 1, width}) ||
+      !is(*q_latent, {batch, 1, heads, kLatent}) || !is(*q_rope, {batch, 1, heads, kRope}) ||
+      !is(*partial, {splits, batch, kRows, kLatent + 2}) || !is(*attention, {batch, 1, heads, kValue})) {
+    return bad("shapes: x [B, 1, hidden], norm [hidden], w_in [hidden, H * " + std::to_string(kNope + kRope) +
+               " + " + std::to_string(kLatent + kRope) + "], w_kv [H, " + std::to_string(kNope + kValue) + ", " +
                std::to_string(kLatent) + "], wo [H * " + std::to_string(kValue) +
                ", hidden], cache [L, B, N, latent and rope], partial [splits, B, 16, latent + 2]");
   }
   if (heads < 1 || heads > kDecodeAttentionMaxRows || batch < 1 || batch > 65535 || splits < 1 ||
-      splits > kDecodeAttentionMaxSplits || hidden < kProjColumns || hidden % kProjColumns != 0 ||
-      max_len > (int64_t{1} << 30) || layers * batch * max_len > (int64_t{1} << 40)) {
+      splits > kDecodeAttentionMaxSplits || hidden < 1 || hidden > kMlaTokenMaxHidden ||
+      hidden % kMlaTokenHiddenStep != 0 || max_len > (int64_t{1} << 30) ||
+      layers * batch * max_len > (int64_t{1} << 40)) {
     return bad("1 to " + std::to_string(kDecodeAttentionMaxRows) + " heads, 1 to " +
-               std::to_string(kDecodeAttentionMaxSplits) + " splits, a hidden size that is a multiple of " +
-               std::to_string(kProjColumns) + ", a cache of at most 2^30 tokens");
+               std::to_string(kDecodeAttentionMaxSplits) + " splits, a hidden size of at most " +
+               std::to_string(kMlaTokenMaxHidden) + " that is a multiple of " + std::to_string(kMlaTokenHiddenStep) +
+               ", a cache of at most 2^30 tokens");
   }
   if (ckv_out->untyped_data() != ckv.untyped_data() || kpe_out->untyped_data() != kpe.untyped_data()) {
     return bad("the cache outputs must alias the cache inputs");
   }
-  const auto in = [](const ffi::Buffer<ffi::BF16>& x) { return static_cast<const bf16*>(x.untyped_data()); };
-  const auto res = [](ffi::Result<ffi::Buffer<ffi::BF16>>& x) { return static_cast<bf16*>(x->untyped_data()); };
+  const auto in = [](const ffi::Buffer<ffi::BF16>& b) { return static_cast<const bf16*>(b.untyped_data()); };
+  const auto res = [](ffi::Result<ffi::Buffer<ffi::BF16>>& b) { return static_cast<bf16*>(b->untyped_data()); };
   if (PoisonOutputs()) {
-    for (auto* r : {&out, &q_latent, &q_rope, &attention}) {
+    for (auto* r : {&out, &projected, &q_latent, &q_rope, &attention}) {
       TE_ASYNC_CUDA(cudaMemsetAsync((*r)->untyped_data(), 0xff, (*r)->size_bytes(), stream));
     }
   }
-  const PrepArgs prep{in(q), in(kv_a), in(kv_norm), in(w_kv), cos.typed_data(), sin.typed_data(),
+  const ProductArgs input{in(x), in(norm), in(w_in), nullptr, res(projected), static_cast<int>(batch),
+                          static_cast<int>(hidden), static_cast<int>(width), eps};
+  ProductKernel<<<dim3(width / kProductColumns, batch), kThreads, 0, stream>>>(input);
+  TE_ASYNC_RETURN_IF_ERROR(CudaStatus(cudaGetLastError(), "launch of the input projections' ProductKernel"));
+
+  const PrepArgs prep{res(projected), in(kv_norm), in(w_kv), cos.typed_data(), sin.typed_data(),
                       layer.typed_data(), position.typed_data(), res(ckv_out), res(kpe_out), res(q_latent),
-                      res(q_rope), static_cast<int>(batch), static_cast<int>(heads), static_cast<int>(max_len),
-                      static_cast<int>(layers), eps, interleaved};
-  MlaTokenPrepKernel<<<dim3(heads * kLatentBlocks, batch), kThreads, 0, stream>>>(prep);
-  TE_ASYNC_RETURN_IF_ERROR(CudaStatus(cudaGetLastError(), "launch of MlaTokenPrepKernel"));
+                      res(q_rope), static_cast<int>(batch), static_cast<int>(heads), static_cast<int>(width),
+                      static_cast<int>(max_len), static_cast<int>(layers), latent_eps, interleaved};
+  TE_ASYNC_RETURN_IF_ERROR(LaunchAfterPrevious(MlaTokenPrepKernel, dim3(heads * kLatentBlocks, batch), kThreads, prep,
+                                               stream, "launch of MlaTokenPrepKernel"));
 
   decode_attention_kernels::Args attend{
       res(q_latent), res(q_rope), res(ckv_out), res(kpe_out), res(ckv_out), layer.typed_data(),
@@ -368,9 +409,10 @@ ffi::Error MlaToken(cudaStream_t stream, ffi::Buffer<ffi::BF16> q, ffi::Buffer<f
                       static_cast<int>(splits)};
   TE_ASYNC_RETURN_IF_ERROR(LaunchAfterPrevious(MlaTokenOutKernel, dim3(heads, batch), kOutThreads, merge, stream,
                                                "launch of MlaTokenOutKernel"));
-  const ProjArgs proj{res(attention), in(wo), res(out), static_cast<int>(heads * kValue), static_cast<int>(hidden)};
-  return LaunchAfterPrevious(MlaTokenProjKernel, dim3(hidden / kProjColumns, batch), kThreads, proj, stream,
-                             "launch of MlaTokenProjKernel");
+  const ProductArgs output{res(attention), nullptr, in(wo), in(x), res(out), static_cast<int>(batch),
+                           static_cast<int>(heads * kValue), static_cast<int>(hidden), 0.f};
+  return LaunchAfterPrevious(ProductKernel, dim3(hidden / kProductColumns, batch), kThreads, output, stream,
+                             "launch of o_proj's ProductKernel");
 }
 
 }  // namespace
@@ -378,8 +420,9 @@ ffi::Error MlaToken(cudaStream_t stream, ffi::Buffer<ffi::BF16> q, ffi::Buffer<f
 XLA_FFI_DEFINE_HANDLER_SYMBOL(kMlaTokenCuda, MlaToken,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::Buffer<ffi::BF16>>()  // q
-                                  .Arg<ffi::Buffer<ffi::BF16>>()  // kv_a
+                                  .Arg<ffi::Buffer<ffi::BF16>>()  // x: the residual stream
+                                  .Arg<ffi::Buffer<ffi::BF16>>()  // norm: input_layernorm's weight
+                                  .Arg<ffi::Buffer<ffi::BF16>>()  // w_in: q_proj and kv_a_proj_with_mqa side by side
                                   .Arg<ffi::Buffer<ffi::BF16>>()  // kv_norm
                                   .Arg<ffi::Buffer<ffi::BF16>>()  // w_kv
                                   .Arg<ffi::Buffer<ffi::BF16>>()  // wo
@@ -389,9 +432,10 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(kMlaTokenCuda, MlaToken,
                                   .Arg<ffi::Buffer<ffi::BF16>>()  // kpe
                                   .Arg<ffi::Buffer<ffi::S32>>()   // layer
                                   .Arg<ffi::Buffer<ffi::S32>>()   // position
-                                  .Ret<ffi::Buffer<ffi::BF16>>()  // out: o_proj's output
+                                  .Ret<ffi::Buffer<ffi::BF16>>()  // out: x + o_proj's output
                                   .Ret<ffi::Buffer<ffi::BF16>>()  // ckv, aliased
                                   .Ret<ffi::Buffer<ffi::BF16>>()  // kpe, aliased
+                                  .Ret<ffi::Buffer<ffi::BF16>>()  // projected: q and kv_a (workspace)
                                   .Ret<ffi::Buffer<ffi::BF16>>()  // q_latent (workspace)
                                   .Ret<ffi::Buffer<ffi::BF16>>()  // q_rope (workspace)
                                   .Ret<ffi::Buffer<ffi::F32>>()   // partial (workspace)
@@ -399,6 +443,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(kMlaTokenCuda, MlaToken,
                                   .Attr<float>("scale")
                                   .Attr<int64_t>("window")
                                   .Attr<float>("eps")
+                                  .Attr<float>("latent_eps")
                                   .Attr<bool>("interleaved"),
                               {ffi::Traits::kCmdBufferCompatible});
 

@@ -17,6 +17,7 @@
 #include "cuda/handlers.h"
 #include "cuda/host_size_slots.h"
 #include "cuda/mla_decode.h"
+#include "cuda/mla_token.h"
 #include "cuda/moe_routing.h"
 #include "cuda/stream_pool.h"
 
@@ -120,6 +121,7 @@ NB_MODULE(_te_async_cuda, m) {
   constexpr auto mla = te_async::kMlaDecodeDims;  // (nope, rope, latent, value) of the fused MLA kernel
   m.attr("MLA_DECODE_DIMS") = nb::make_tuple(mla.nope, mla.rope, mla.latent, mla.value);
   m.attr("MLA_DECODE_MAX_SPLITS") = te_async::kMlaDecodeMaxSplits;
+  m.attr("MLA_TOKEN_HIDDEN") = nb::make_tuple(te_async::kMlaTokenHiddenStep, te_async::kMlaTokenMaxHidden);
   m.attr("FUSED_MAX_ROWS") = te_async::kSmallGroupsFusedMaxRows;
   // The configs each form can run, by form ("m", "mt", "k"), for TE_ASYNC_CUTLASS_CONFIG; empty
   // when CUTLASS is not built.

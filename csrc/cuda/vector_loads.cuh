@@ -77,4 +77,16 @@ __device__ __forceinline__ uint4 LoadStream(const void* p) {
   return v;
 }
 
+// LoadStream for weights that a programmatic dependent kernel loads before WaitForPrevious, so that
+// they arrive while the previous kernel runs. ptxas moves .nc loads (read-only for the whole kernel,
+// so legal anywhere) after griddepcontrol.wait: mla_token.cu's weight loads all waited for the
+// previous kernel (its SASS at 2ce7354). A plain load stays where it is written.
+__device__ __forceinline__ uint4 LoadStreamBeforeWait(const void* p) {
+  uint4 v;
+  asm("ld.global.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
+
 }  // namespace te_async

@@ -13,9 +13,9 @@ DeepSeek-V2-Lite against 16 * (192 + 128) = 5120 for the expanded keys and value
 expands the cache: kv_b_proj is absorbed into the query and the output (q_nope . W_uk c =
 (q_nope W_uk) . c, and p (c W_uv) = (p c) W_uv), so a step reads the cache once and multiplies
 by kv_b_proj once per new token instead of once per cached token (te_async.mla_decode; at one new
-token per sequence and the batches te_async.mla_token.takes, that call runs the whole decode branch
-and o_proj). A whole sequence (forward, prefill) takes the expanded path, as transformers does,
-which costs fewer FLOPs there.
+token per sequence and the batches te_async.mla_token.takes, mla_sublayer runs the whole attention
+half of the layer, from the norm to the residual add, as that one call). A whole sequence (forward,
+prefill) takes the expanded path, as transformers does, which costs fewer FLOPs there.
 
 kv_b_proj's weight is kept as transformers stores it, [heads * (nope + v), latent]: head-major, the
 layout in which XLA's per-head products of the absorbed decode read it in place. Stored [latent,
@@ -63,11 +63,8 @@ def mla_attention(p: dict, cfg, x: jax.Array, cos: jax.Array, sin: jax.Array, ca
         q = linear(rms_norm(proj["q_a"], p["q_a_norm"], LATENT_NORM_EPS), p["wq_b"])
     q = q.reshape(b, s, heads, nope + rope_dim)
     ckv = proj["kv_a"]
-    w_kv = p["wkv_b"].reshape(heads, nope + vdim, cfg.kv_lora_rank)
+    w_kv = _w_kv(p, cfg)
     scale = softmax_scale(cfg)
-    token = position is not None and "bo" not in p
-    if token and mla_token.takes(q, ckv, w_kv, p["wo"], stacked(cache["ckv"])[0]):
-        return _token_kernel(q, ckv, p["kv_a_norm"], w_kv, p["wo"], cos, sin, cache, position, window, scale, cfg)
     q_nope, q_pe = q[..., :nope], _rope(q[..., nope:], cos, sin, cfg.rope_interleave)
     c = rms_norm(ckv[..., :cfg.kv_lora_rank], p["kv_a_norm"], LATENT_NORM_EPS)
     k_pe = _rope(ckv[..., None, cfg.kv_lora_rank:], cos, sin, cfg.rope_interleave)[:, :, 0]  # [B, S, rope_dim]
@@ -84,14 +81,26 @@ def mla_attention(p: dict, cfg, x: jax.Array, cos: jax.Array, sin: jax.Array, ca
     return linear(out.reshape(b, s, heads * vdim), p["wo"], p.get("bo")), cache
 
 
-def _token_kernel(q, kv_a, kv_norm, w_kv, wo, cos, sin, cache, position, window, scale, cfg) -> tuple:
-    """The decode branch below with o_proj, for one token per sequence, in one FFI call
-    (te_async.mla_token), which writes the cache rows itself: (output [B, 1, hidden], cache)."""
-    (ckv, layer), (kpe, _) = stacked(cache["ckv"]), stacked(cache["kpe"])
-    out, ckv, kpe = mla_token.mla_token_attention(q, kv_a, kv_norm, w_kv, wo, cos[0], sin[0], ckv, kpe, position,
-                                                  layer, scale=scale, eps=LATENT_NORM_EPS,
-                                                  interleaved=cfg.rope_interleave, window=window)
-    return out, {"ckv": restacked(cache["ckv"], ckv), "kpe": restacked(cache["kpe"], kpe)}
+def mla_sublayer(p: dict, cfg, x: jax.Array, norm: jax.Array, eps: float, cos: jax.Array, sin: jax.Array,
+                 cache: Optional[dict], position, window: Optional[int] = None) -> tuple:
+    """(x + mla_attention(rms_norm(x, norm, eps)), cache): a decoder layer's attention half. One new
+    token per sequence without q_lora_rank or projection biases, where te_async.mla_token.takes it,
+    runs as that one FFI call, which writes the cache rows itself."""
+    if position is not None and cfg.q_lora_rank is None and not {"bkv_a", "bo"} & p.keys():
+        (ckv, layer), (kpe, _), w_kv = stacked(cache["ckv"]), stacked(cache["kpe"]), _w_kv(p, cfg)
+        if mla_token.takes(x, p["w_in"], w_kv, p["wo"], ckv):
+            out, ckv, kpe = mla_token.mla_token_block(
+                x, norm, p["w_in"], p["kv_a_norm"], w_kv, p["wo"], cos[0], sin[0], ckv, kpe, position,
+                layer, eps=eps, latent_eps=LATENT_NORM_EPS, scale=softmax_scale(cfg),
+                interleaved=cfg.rope_interleave, window=window)
+            return out, {"ckv": restacked(cache["ckv"], ckv), "kpe": restacked(cache["kpe"], kpe)}
+    a, cache = mla_attention(p, cfg, rms_norm(x, norm, eps), cos, sin, cache, position, window)
+    return x + a, cache
+
+
+def _w_kv(p: dict, cfg) -> jax.Array:
+    """kv_b_proj's weight as [heads, nope + v_head_dim, kv_lora_rank] (a bitcast of the stored layout)."""
+    return p["wkv_b"].reshape(cfg.num_attention_heads, cfg.qk_nope_head_dim + cfg.v_head_dim, cfg.kv_lora_rank)
 
 
 def _absorbed(q_nope, q_pe, w_kv, cache, position, window, scale) -> jax.Array:

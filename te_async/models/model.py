@@ -25,7 +25,7 @@ from .attention import LayerOf, gqa_attention
 from .cache import cache_batch, cache_length, cache_shapes, init_cache
 from .config import Config
 from .ffn import swiglu_mlp
-from .mla import mla_attention
+from .mla import mla_sublayer
 from .moe_layer import check_experts, moe_sublayer
 from .norm import rms_norm
 from .params import check_params, layer_runs
@@ -54,10 +54,12 @@ def scope_name(start: int, n: int) -> str:
 
 def _layer(p, cfg: Config, x, cos, sin, cache, position, window, group_sizes_mode, experts) -> tuple:
     """One decoder layer: (x, its cache entries, the experts its tokens chose [B*S, k] or None)."""
-    attention = mla_attention if cfg.is_mla else gqa_attention
     eps = cfg.rms_norm_eps
-    a, cache = attention(p["attn"], cfg, rms_norm(x, p["attn_norm"], eps), cos, sin, cache, position, window)
-    x = x + a
+    if cfg.is_mla:
+        x, cache = mla_sublayer(p["attn"], cfg, x, p["attn_norm"], eps, cos, sin, cache, position, window)
+    else:
+        a, cache = gqa_attention(p["attn"], cfg, rms_norm(x, p["attn_norm"], eps), cos, sin, cache, position, window)
+        x = x + a
     if "moe" in p:
         x, chosen = moe_sublayer(p["moe"], p["mlp_norm"], cfg, x, group_sizes_mode=group_sizes_mode, experts=experts,
                                  return_routing=True)
