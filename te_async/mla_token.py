@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _ffi, mla_decode, plan
-from .decode_attention import check_window_and_layer, splits_for
+from .decode_attention import check_window_and_layer, split_count
 
 MLA_TOKEN = "te_async_mla_token"
 # The batches "auto" takes the call at: those measured. DeepSeek-V2-Lite, 4096 cached tokens, device
@@ -92,8 +92,10 @@ def mla_token_block(x: jax.Array, norm: jax.Array, w_in: jax.Array, kv_norm: jax
     _, _, n, latent = ckv.shape
     h, dr = w_kv.shape[0], kpe.shape[-1]
     dv = wo.shape[0] // h
-    splits = splits_for(b, n, (latent, dr, latent, True))
-    rows = _ffi.cuda_module().DECODE_ATTENTION_MAX_ROWS
+    module = _ffi.cuda_module()
+    # the call's split kernel (8 warps, a 64-key tile in 175 KB of shared memory) holds one block an SM
+    splits = split_count(b, n, plan.local_sm_count(), 1, module.DECODE_ATTENTION_MAX_SPLITS)
+    rows = module.DECODE_ATTENTION_MAX_ROWS
     bf16, f32 = jnp.bfloat16, jnp.float32
     shapes = (jax.ShapeDtypeStruct((b, 1, hidden), bf16), jax.ShapeDtypeStruct(ckv.shape, bf16),
               jax.ShapeDtypeStruct(kpe.shape, bf16),

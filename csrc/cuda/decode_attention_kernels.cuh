@@ -23,16 +23,19 @@ namespace ffi = xla::ffi;
 using attention_tile::bf16;
 using attention_tile::kRows;
 
+// Warps of the merge and, by default, of the split kernel (mla_token.cu launches it with 8).
 constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
-constexpr int kKeys = 8 * kWarps;  // keys per tile: a split's chunk is a multiple of it (decode_attention.KEY_TILE)
-template <int DK, int DR, int DV, bool kValuesAreKeys>
-using Layout = attention_tile::Layout<DK + DR, DV, kValuesAreKeys, kWarps>;
+template <int DK, int DR, int DV, bool kValuesAreKeys, int kSplitWarps>
+using Layout = attention_tile::Layout<DK + DR, DV, kValuesAreKeys, kSplitWarps>;
 
 constexpr float kLog2e = 1.4426950408889634f;  // Args::scale_log2 = scale * kLog2e
 
-// Keys per split for `splits` splits of max_len keys: whole tiles.
-inline int SplitChunk(int64_t max_len, int64_t splits) {
+// Keys per split for `splits` splits of max_len keys: whole tiles of 8 keys per warp (4 warps: 32,
+// decode_attention.KEY_TILE).
+template <int kSplitWarps = kWarps>
+int SplitChunk(int64_t max_len, int64_t splits) {
+  constexpr int kKeys = 8 * kSplitWarps;
   return static_cast<int>(((max_len + splits - 1) / splits + kKeys - 1) / kKeys * kKeys);
 }
 
@@ -45,10 +48,10 @@ struct Args {
   bf16* out;         // [B, T, H, dv]
 };
 
-template <int DK, int DR, int DV, bool kValuesAreKeys>
-__global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(Args a) {
+template <int DK, int DR, int DV, bool kValuesAreKeys, int kSplitWarps>
+__global__ void __launch_bounds__(32 * kSplitWarps) DecodeAttentionKernel(Args a) {
   constexpr int DQ = DK + DR;
-  using L = Layout<DK, DR, DV, kValuesAreKeys>;
+  using L = Layout<DK, DR, DV, kValuesAreKeys, kSplitWarps>;
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* sq = reinterpret_cast<bf16*>(smem + L::kQ);
   const float* s_max = reinterpret_cast<const float*>(smem + L::kStats);
@@ -72,7 +75,7 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(Args a) {
   }
 
   // Row r: token r / group, head kv_head * group + r % group; rows from `rows` on are zeros.
-  for (int c = tid; c < kRows * (DQ / 8); c += kThreads) {
+  for (int c = tid; c < kRows * (DQ / 8); c += L::kThreads) {
     const int r = c / (DQ / 8), d = c % (DQ / 8) * 8;
     const size_t row = (static_cast<size_t>(b) * a.tokens + r / group) * a.heads + kv_head * group + r % group;
     const bf16* src = r >= rows ? a.q : d < DK ? a.q + row * DK + d : a.q_rope + row * DR + d - DK;
@@ -82,11 +85,12 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(Args a) {
                                      (static_cast<size_t>(layer) * a.batch + b) * a.max_len * a.kv_heads + kv_head,
                                      static_cast<size_t>(a.kv_heads)};
   float o[L::kValueTiles][4];
-  attention_tile::AttendChunk<DK, DR, DV, kValuesAreKeys, kWarps>(keys, first, last, {rows, group, position, a.window},
-                                                              a.scale_log2, smem, o);
+  attention_tile::AttendChunk<DK, DR, DV, kValuesAreKeys, kSplitWarps>(keys, first, last,
+                                                                   {rows, group, position, a.window}, a.scale_log2,
+                                                                   smem, o);
 #pragma unroll
   for (int j = 0; j < L::kValueTiles; ++j) {
-    const int col = warp * (DV / kWarps) + j * 8 + 2 * t4;
+    const int col = warp * (DV / kSplitWarps) + j * 8 + 2 * t4;
     partial[g * (DV + 2) + col] = o[j][0], partial[g * (DV + 2) + col + 1] = o[j][1];
     partial[(g + 8) * (DV + 2) + col] = o[j][2], partial[(g + 8) * (DV + 2) + col + 1] = o[j][3];
   }
@@ -148,35 +152,38 @@ __global__ void __launch_bounds__(kThreads) CombineKernel(Args a, int splits) {
   out[col + 2] = __float2bfloat16(acc.z / total), out[col + 3] = __float2bfloat16(acc.w / total);
 }
 
-// Instantiated shape I: its split kernel and that kernel's shared memory.
-template <int I>
+// Instantiated shape I: its split kernel of kSplitWarps warps and that kernel's shared memory.
+template <int I, int kSplitWarps = kWarps>
 struct Shape {
   static constexpr DecodeAttentionShape s = kDecodeAttentionShapes[I];
-  static constexpr size_t kBytes = Layout<s.key_dims, s.rope_dims, s.value_dims, s.values_are_keys>::kBytes;
-  static constexpr auto kKernel = DecodeAttentionKernel<s.key_dims, s.rope_dims, s.value_dims, s.values_are_keys>;
+  static constexpr size_t kBytes = Layout<s.key_dims, s.rope_dims, s.value_dims, s.values_are_keys, kSplitWarps>::kBytes;
+  static constexpr auto kKernel =
+      DecodeAttentionKernel<s.key_dims, s.rope_dims, s.value_dims, s.values_are_keys, kSplitWarps>;
 };
 
 // The split kernel of shape I, allowed its shared memory (before a launch or an occupancy query).
-template <int I>
+template <int I, int kSplitWarps = kWarps>
 cudaError_t AllowSharedMemory() {
-  return cudaFuncSetAttribute(Shape<I>::kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              static_cast<int>(Shape<I>::kBytes));
+  using S = Shape<I, kSplitWarps>;
+  return cudaFuncSetAttribute(S::kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(S::kBytes));
 }
 
-// The split kernel of shape I over `splits` key chunks; after_previous: a programmatic dependent
-// of the stream's previous kernel (it waits for it before it reads the query; mla_token.cu).
-template <int I>
+// The split kernel of shape I over `splits` key chunks (a.chunk from SplitChunk<kSplitWarps>);
+// after_previous: a programmatic dependent of the stream's previous kernel (it waits for it before
+// it reads the query; mla_token.cu).
+template <int I, int kSplitWarps = kWarps>
 ffi::Error LaunchSplits(cudaStream_t stream, const Args& a, int splits, bool after_previous) {
-  TE_ASYNC_CUDA((AllowSharedMemory<I>()));
+  using S = Shape<I, kSplitWarps>;
+  TE_ASYNC_CUDA((AllowSharedMemory<I, kSplitWarps>()));
   cudaLaunchAttribute attr = ProgrammaticDependency();
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(splits, a.batch * a.kv_heads);
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = Shape<I>::kBytes;
+  config.blockDim = dim3(32 * kSplitWarps);
+  config.dynamicSmemBytes = S::kBytes;
   config.stream = stream;
   config.attrs = &attr;
   config.numAttrs = after_previous ? 1 : 0;
-  return CudaStatus(cudaLaunchKernelEx(&config, Shape<I>::kKernel, a), "launch of the decode attention's split kernel");
+  return CudaStatus(cudaLaunchKernelEx(&config, S::kKernel, a), "launch of the decode attention's split kernel");
 }
 
 // The merge of shape I's splits, behind the split kernel in the stream.

@@ -11,8 +11,8 @@
 //      block of each head also rotates the head's rope query, and block (0, b) normalises the new
 //      latent (kv_a_layernorm), rotates the rope key and writes both into the stacked cache at
 //      (layer, b, position), in place (the call's cache outputs alias its inputs).
-//   2. DecodeAttentionKernel over the latent cache, one kv head (decode_attention_kernels.cuh):
-//      each key split's unnormalised output with its max and sum.
+//   2. DecodeAttentionKernel over the latent cache, one kv head (decode_attention_kernels.cuh), of
+//      8 warps: each key split's unnormalised output with its max and sum.
 //   3. MlaTokenOutKernel, block (head h, sequence b): the merge of head h's splits into its latent
 //      output, then W_uv[h] (wkv_b's value half) times it: the head's output.
 //   4. ProductKernel with a residual, block (16 columns): x + o_proj over the heads' outputs.
@@ -71,8 +71,12 @@ constexpr int kMergeHalves = kOutThreads / (kLatent / 2); // threads per latent 
 constexpr int kProductColumns = 16;                           // ProductKernel's output columns per block
 constexpr int kProductGroups = kThreads / (kProductColumns / 8);  // its thread (g, v): rows g, g + kProductGroups, ...
 constexpr int kProductRows = kMlaTokenMaxHidden / kProductGroups;  // most rows per thread
+constexpr int kProductSeqs = 2;                                    // sequences per block
 constexpr int kLatentPerThread = kLatent / kThreads;
-// The split kernel is instantiated for shape 0 of kDecodeAttentionShapes.
+// The split kernel's warps: 8 take a 64-key tile, so that at one sequence each of the 64 splits
+// attends one tile (4 warps took two 32-key tiles one after the other, 14.5 us at DeepSeek-V2-Lite's
+// 4096 keys). It is instantiated for shape 0 of kDecodeAttentionShapes.
+constexpr int kSplitWarps = 8;
 constexpr DecodeAttentionShape kShape = kDecodeAttentionShapes[0];
 static_assert(kShape.key_dims == kLatent && kShape.rope_dims == kRope && kShape.value_dims == kLatent &&
                   kShape.values_are_keys,
@@ -166,40 +170,61 @@ __device__ __forceinline__ void LoadRows(uint4 (&wv)[kMaxRows], const bf16* firs
   }
 }
 
-// coef . W for the block's kColumns columns from the rows LoadRows loaded: each thread sums its
-// rows, then each column's kGroups partial sums are added in group order; thread c < kColumns
-// gets column c's total, the others 0. sums: shared memory.
-template <int kMaxRows, int kGroups, int kColumns>
-__device__ __forceinline__ float ColumnSums(const uint4 (&wv)[kMaxRows], int rows, const float* coef,
-                                            float (&sums)[kGroups][kColumns]) {
-  static_assert(kGroups * kColumns / 8 == kThreads, "one thread per (row group, column vector)");
+// coef_s . W for the block's kColumns columns and its `seqs` <= kSeqs vectors coef_s (at coef + s
+// coef_stride), from the rows LoadRows loaded: each thread sums its rows, then the kGroups partial
+// sums of a (vector, column) are added in a fixed order, in kParts runs of consecutive groups side by
+// side and then the runs' sums (a serial walk over 128 groups cost o_proj's kernel about 2 us).
+// Thread t < kSeqs kColumns gets vector t / kColumns's column t % kColumns; sums: shared memory of
+// kSeqs kGroups kColumns floats, free again on return.
+template <int kSeqs, int kGroups, int kColumns, int kMaxRows>
+__device__ __forceinline__ float ColumnSums(const uint4 (&wv)[kMaxRows], int rows, const float* coef, int coef_stride,
+                                            int seqs, float* sums) {
+  constexpr int kParts = kThreads / (kSeqs * kColumns), kRun = kGroups / kParts;
+  static_assert(kGroups * kColumns / 8 == kThreads && kParts * kSeqs * kColumns == kThreads &&
+                    kRun * kParts == kGroups,
+                "one thread per (row group, column vector), then per (part, vector, column)");
   const int tid = threadIdx.x, v = tid % (kColumns / 8), g = tid / (kColumns / 8);
-  float acc[8] = {};
+  float acc[kSeqs][8] = {};
 #pragma unroll
   for (int i = 0; i < kMaxRows; ++i) {
     if (i < rows) {
       float f[8];
       Unpack<bf16>(wv[i], f);
-      const float c = coef[g + i * kGroups];
 #pragma unroll
-      for (int j = 0; j < 8; ++j) acc[j] = fmaf(c, f[j], acc[j]);
+      for (int s = 0; s < kSeqs; ++s) {
+        if (s < seqs) {
+          const float c = coef[s * coef_stride + g + i * kGroups];
+#pragma unroll
+          for (int j = 0; j < 8; ++j) acc[s][j] = fmaf(c, f[j], acc[s][j]);
+        }
+      }
     }
   }
 #pragma unroll
-  for (int j = 0; j < 8; ++j) sums[g][v * 8 + j] = acc[j];
-  __syncthreads();
-  float sum = 0.f;
-  if (tid < kColumns) {
-    for (int gg = 0; gg < kGroups; ++gg) sum += sums[gg][tid];
+  for (int s = 0; s < kSeqs; ++s) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) sums[(s * kGroups + g) * kColumns + v * 8 + j] = acc[s][j];
   }
-  return sum;
+  __syncthreads();
+  const int column = tid % kColumns, seq = tid / kColumns % kSeqs, part = tid / (kColumns * kSeqs);
+  float run = 0.f;
+  for (int gg = part * kRun; gg < (part + 1) * kRun; ++gg) run += sums[(seq * kGroups + gg) * kColumns + column];
+  __syncthreads();
+  sums[(part * kSeqs + seq) * kColumns + column] = run;
+  __syncthreads();
+  float total = 0.f;
+  if (tid < kSeqs * kColumns) {
+    for (int p = 0; p < kParts; ++p) total += sums[(p * kSeqs + seq) * kColumns + column];
+  }
+  __syncthreads();
+  return total;
 }
 
 // Thread (g, v) loads its rows of the block's W_uk slice before it waits for the input projections.
 __global__ void __launch_bounds__(kThreads) MlaTokenPrepKernel(PrepArgs a) {
   StartDependents();
   __shared__ float q_nope[kNope];
-  __shared__ float sums[kRowGroups][kLatentColumns];
+  __shared__ float sums[kRowGroups * kLatentColumns];
   __shared__ float scratch[kWarps];
   const int h = blockIdx.x / kLatentBlocks, part = blockIdx.x % kLatentBlocks, b = blockIdx.y, tid = threadIdx.x;
   const int v = tid % kColumnVectors, g = tid / kColumnVectors;
@@ -211,7 +236,7 @@ __global__ void __launch_bounds__(kThreads) MlaTokenPrepKernel(PrepArgs a) {
   const bf16* q = a.projected + static_cast<size_t>(b) * a.width + h * (kNope + kRope);
   if (tid < kNope) q_nope[tid] = __bfloat162float(q[tid]);
   __syncthreads();
-  const float sum = ColumnSums(wv, kRowsPerThread, q_nope, sums);
+  const float sum = ColumnSums<1, kRowGroups, kLatentColumns>(wv, kRowsPerThread, q_nope, 0, 1, sums);
   if (tid < kLatentColumns) a.q_latent[bh * kLatent + part * kLatentColumns + tid] = __float2bfloat16(sum);
   if (part == 0 && tid < kRope) a.q_rope[bh * kRope + tid] = Rotated(q + kNope, tid, a);
   if (h == 0 && part == 0) WriteCacheRow(a, a.projected + static_cast<size_t>(b) * a.width + a.heads * (kNope + kRope), b, scratch);
@@ -284,34 +309,38 @@ __global__ void __launch_bounds__(kOutThreads) MlaTokenOutKernel(OutArgs a) {
   }
 }
 
-// Kernels 0 and 4, block (kProductColumns columns, sequence b): out[b, cols] = v . w[:, cols]
-// (+ residual[b, cols]), where v is in[b], through RMSNorm when a norm weight is given. Thread (g, v)
-// loads its rows of the block's columns (g, g + kProductGroups, ...) into registers before it
-// waits for the previous kernel; the groups' partial sums are added in group order.
+// Kernels 0 and 4, block (kProductColumns columns, sequences 2y and 2y + 1 where they exist):
+// out[b, cols] = v_b . w[:, cols] (+ residual[b, cols]), where v_b is in[b], through RMSNorm when a
+// norm weight is given. Thread (g, v) loads its rows of the block's columns (g, g + kProductGroups,
+// ...) into registers before it waits for the previous kernel, and uses them for both sequences:
+// at B=2 a block per sequence read the weights twice and took two waves.
 __global__ void __launch_bounds__(kThreads) ProductKernel(ProductArgs a) {
   StartDependents();
-  __shared__ float x[kMlaTokenMaxHidden];
-  __shared__ float sums[kProductGroups][kProductColumns];
+  __shared__ float x[kProductSeqs][kMlaTokenMaxHidden];
+  __shared__ float sums[kProductSeqs * kProductGroups * kProductColumns];
   __shared__ float scratch[kWarps];
-  const int tid = threadIdx.x, v = tid % (kProductColumns / 8), g = tid / (kProductColumns / 8), b = blockIdx.y;
+  const int tid = threadIdx.x, v = tid % (kProductColumns / 8), g = tid / (kProductColumns / 8);
+  const int b0 = blockIdx.y * kProductSeqs, seqs = min(kProductSeqs, a.batch - b0);
   const int col = blockIdx.x * kProductColumns, rows = a.rows / kProductGroups;
   uint4 wv[kProductRows];
   LoadRows(wv, a.w + static_cast<size_t>(g) * a.cols + col + v * 8, static_cast<size_t>(kProductGroups) * a.cols, rows);
   WaitForPrevious();  // o_proj: the heads' outputs (returns at once where the launch has no dependency)
-  const bf16* in = a.in + static_cast<size_t>(b) * a.rows;
-  float squares = 0.f;
-  for (int i = tid; i < a.rows; i += kThreads) {
-    x[i] = __bfloat162float(in[i]);
-    squares = fmaf(x[i], x[i], squares);
-  }
-  if (a.norm != nullptr) {
-    const float r = InverseRms(squares, a.rows, a.eps, scratch);
-    for (int i = tid; i < a.rows; i += kThreads) x[i] = Normalized(x[i], r, a.norm[i]);
+  for (int s = 0; s < seqs; ++s) {
+    const bf16* in = a.in + static_cast<size_t>(b0 + s) * a.rows;
+    float squares = 0.f;
+    for (int i = tid; i < a.rows; i += kThreads) {
+      x[s][i] = __bfloat162float(in[i]);
+      squares = fmaf(x[s][i], x[s][i], squares);
+    }
+    if (a.norm != nullptr) {
+      const float r = InverseRms(squares, a.rows, a.eps, scratch);
+      for (int i = tid; i < a.rows; i += kThreads) x[s][i] = Normalized(x[s][i], r, a.norm[i]);
+    }
   }
   __syncthreads();
-  const float sum = ColumnSums(wv, rows, x, sums);
-  if (tid < kProductColumns) {
-    const size_t at = static_cast<size_t>(b) * a.cols + col + tid;
+  const float sum = ColumnSums<kProductSeqs, kProductGroups, kProductColumns>(wv, rows, &x[0][0], kMlaTokenMaxHidden, seqs, sums);
+  if (tid < seqs * kProductColumns) {
+    const size_t at = static_cast<size_t>(b0 + tid / kProductColumns) * a.cols + col + tid % kProductColumns;
     const float y = Rounded<bf16>(sum);
     a.out[at] = __float2bfloat16(a.residual == nullptr ? y : __bfloat162float(a.residual[at]) + y);
   }
@@ -388,7 +417,7 @@ ffi::Error MlaToken(cudaStream_t stream, ffi::Buffer<ffi::BF16> x, ffi::Buffer<f
   }
   const ProductArgs input{in(x), in(norm), in(w_in), nullptr, res(projected), static_cast<int>(batch),
                           static_cast<int>(hidden), static_cast<int>(width), eps};
-  ProductKernel<<<dim3(width / kProductColumns, batch), kThreads, 0, stream>>>(input);
+  ProductKernel<<<dim3(width / kProductColumns, (batch + kProductSeqs - 1) / kProductSeqs), kThreads, 0, stream>>>(input);
   TE_ASYNC_RETURN_IF_ERROR(CudaStatus(cudaGetLastError(), "launch of the input projections' ProductKernel"));
 
   const PrepArgs prep{res(projected), in(kv_norm), in(w_kv), cos.typed_data(), sin.typed_data(),
@@ -401,9 +430,11 @@ ffi::Error MlaToken(cudaStream_t stream, ffi::Buffer<ffi::BF16> x, ffi::Buffer<f
   decode_attention_kernels::Args attend{
       res(q_latent), res(q_rope), res(ckv_out), res(kpe_out), res(ckv_out), layer.typed_data(),
       position.typed_data(), static_cast<int>(batch), 1, static_cast<int>(heads), 1, static_cast<int>(max_len),
-      static_cast<int>(layers), static_cast<int>(window), decode_attention_kernels::SplitChunk(max_len, splits),
+      static_cast<int>(layers), static_cast<int>(window),
+      decode_attention_kernels::SplitChunk<kSplitWarps>(max_len, splits),
       scale * decode_attention_kernels::kLog2e, partial->typed_data(), nullptr};
-  TE_ASYNC_RETURN_IF_ERROR(decode_attention_kernels::LaunchSplits<0>(stream, attend, static_cast<int>(splits), true));
+  TE_ASYNC_RETURN_IF_ERROR((decode_attention_kernels::LaunchSplits<0, kSplitWarps>(stream, attend,
+                                                                                   static_cast<int>(splits), true)));
 
   const OutArgs merge{partial->typed_data(), in(w_kv), res(attention), static_cast<int>(heads),
                       static_cast<int>(splits)};
@@ -411,7 +442,7 @@ ffi::Error MlaToken(cudaStream_t stream, ffi::Buffer<ffi::BF16> x, ffi::Buffer<f
                                                "launch of MlaTokenOutKernel"));
   const ProductArgs output{res(attention), nullptr, in(wo), in(x), res(out), static_cast<int>(batch),
                            static_cast<int>(heads * kValue), static_cast<int>(hidden), 0.f};
-  return LaunchAfterPrevious(ProductKernel, dim3(hidden / kProductColumns, batch), kThreads, output, stream,
+  return LaunchAfterPrevious(ProductKernel, dim3(hidden / kProductColumns, (batch + kProductSeqs - 1) / kProductSeqs), kThreads, output, stream,
                              "launch of o_proj's ProductKernel");
 }
 
