@@ -68,9 +68,14 @@ constexpr int kOutWarps = kOutThreads / 32;
 constexpr int kRowsPerWarp = kValue / kOutWarps;
 constexpr int kVectorsPerLane = kLatent / 8 / 32;         // 16-byte vectors of a W_uv row per lane
 constexpr int kMergeHalves = kOutThreads / (kLatent / 2); // threads per latent column pair in the merge
-constexpr int kProductColumns = 16;                           // ProductKernel's output columns per block
-constexpr int kProductGroups = kThreads / (kProductColumns / 8);  // its thread (g, v): rows g, g + kProductGroups, ...
+// ProductKernel<kColumns, kBlockThreads>: thread (g, v) of a block owns 16-byte column vector v and
+// rows g, g + kProductGroups, ... The input projections take 32 columns in 512 threads, 64 bytes of
+// each weight row (16 columns, 32 bytes a row, took 9.7 us for 15 MB); o_proj 16 in 256, so that
+// its blocks fit beside the attention's, during which they load their rows.
+constexpr int kProductGroups = 128;
 constexpr int kProductRows = kMlaTokenMaxHidden / kProductGroups;  // most rows per thread
+constexpr int kInputColumns = 32, kInputThreads = kProductGroups * kInputColumns / 8;
+constexpr int kOutputColumns = 16, kOutputThreads = kProductGroups * kOutputColumns / 8;
 constexpr int kProductSeqs = 2;                                    // sequences per block
 constexpr int kLatentPerThread = kLatent / kThreads;
 // The split kernel's warps: 8 take a 64-key tile, so that at one sequence each of the 64 splits
@@ -84,7 +89,9 @@ static_assert(kShape.key_dims == kLatent && kShape.rope_dims == kRope && kShape.
 static_assert(kLatent % kLatentColumns == 0 && kNope % kRowGroups == 0 && kLatent == 2 * kThreads &&
                   kValue % kOutWarps == 0 && kOutThreads % (kLatent / 2) == 0 && kRope <= kThreads &&
                   kNope <= kThreads && kVectorsPerLane * 8 * 32 == kLatent && kMlaTokenHiddenStep == kProductGroups &&
-                  kDecodeAttentionMaxRows * kValue <= kMlaTokenMaxHidden && kValue % kProductGroups == 0,
+                  kDecodeAttentionMaxRows * kValue <= kMlaTokenMaxHidden && kValue % kProductGroups == 0 &&
+                  (kNope + kRope) % kInputColumns == 0 && (kLatent + kRope) % kInputColumns == 0 &&
+                  kMlaTokenHiddenStep % kOutputColumns == 0,
               "whole blocks");
 
 struct PrepArgs {
@@ -130,8 +137,9 @@ __device__ __forceinline__ bf16 Rotated(const bf16* x, int i, const PrepArgs& a)
 
 // transformers' RMSNorm (te_async.models.norm): 1 / rms of n values from each thread's sum of
 // their squares, and one value x normalised with it (rounded), times its weight (rounded).
+template <int kBlockWarps>
 __device__ __forceinline__ float InverseRms(float squares, int n, float eps, float* scratch) {
-  return rsqrtf(BlockReduce<kWarps>(squares, scratch, [](float u, float v) { return u + v; }) / n + eps);
+  return rsqrtf(BlockReduce<kBlockWarps>(squares, scratch, [](float u, float v) { return u + v; }) / n + eps);
 }
 __device__ __forceinline__ float Normalized(float x, float inverse_rms, bf16 weight) {
   return Rounded<bf16>(__bfloat162float(weight) * Rounded<bf16>(x * inverse_rms));
@@ -146,7 +154,7 @@ __device__ void WriteCacheRow(const PrepArgs& a, const bf16* kv, int b, float* s
     x[j] = __bfloat162float(kv[tid + j * kThreads]);
     squares = fmaf(x[j], x[j], squares);
   }
-  const float r = InverseRms(squares, kLatent, a.eps, scratch);
+  const float r = InverseRms<kWarps>(squares, kLatent, a.eps, scratch);
   if (layer < 0 || layer >= a.layers || position < 0 || position >= a.max_len) return;
   const size_t row = (static_cast<size_t>(layer) * a.batch + b) * a.max_len + position;
   bf16* c = a.ckv + row * kLatent;
@@ -171,19 +179,17 @@ __device__ __forceinline__ void LoadRows(uint4 (&wv)[kMaxRows], const bf16* firs
 }
 
 // coef_s . W for the block's kColumns columns and its `seqs` <= kSeqs vectors coef_s (at coef + s
-// coef_stride), from the rows LoadRows loaded: each thread sums its rows, then the kGroups partial
-// sums of a (vector, column) are added in a fixed order, in kParts runs of consecutive groups side by
-// side and then the runs' sums (a serial walk over 128 groups cost o_proj's kernel about 2 us).
-// Thread t < kSeqs kColumns gets vector t / kColumns's column t % kColumns; sums: shared memory of
-// kSeqs kGroups kColumns floats, free again on return.
-template <int kSeqs, int kGroups, int kColumns, int kMaxRows>
+// coef_stride), from the rows LoadRows loaded into a block of kBlockThreads: each thread sums its
+// rows, the row groups of a warp are added by a butterfly over its lanes, then the warps' sums in
+// warp order (a serial walk over 128 row groups cost o_proj's kernel about 2 us). Thread t < kSeqs
+// kColumns gets vector t / kColumns's column t % kColumns; sums: shared memory of kSeqs
+// kBlockThreads / 32 kColumns floats, free again on return.
+template <int kSeqs, int kColumns, int kBlockThreads, int kMaxRows>
 __device__ __forceinline__ float ColumnSums(const uint4 (&wv)[kMaxRows], int rows, const float* coef, int coef_stride,
                                             int seqs, float* sums) {
-  constexpr int kParts = kThreads / (kSeqs * kColumns), kRun = kGroups / kParts;
-  static_assert(kGroups * kColumns / 8 == kThreads && kParts * kSeqs * kColumns == kThreads &&
-                    kRun * kParts == kGroups,
-                "one thread per (row group, column vector), then per (part, vector, column)");
-  const int tid = threadIdx.x, v = tid % (kColumns / 8), g = tid / (kColumns / 8);
+  constexpr int kVectors = kColumns / 8, kGroups = kBlockThreads / kVectors, kBlockWarps = kBlockThreads / 32;
+  static_assert(32 % kVectors == 0 && kSeqs * kColumns <= kBlockThreads, "whole row groups in a warp");
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, v = tid % kVectors, g = tid / kVectors;
   float acc[kSeqs][8] = {};
 #pragma unroll
   for (int i = 0; i < kMaxRows; ++i) {
@@ -202,19 +208,20 @@ __device__ __forceinline__ float ColumnSums(const uint4 (&wv)[kMaxRows], int row
   }
 #pragma unroll
   for (int s = 0; s < kSeqs; ++s) {
+    if (s < seqs) {
 #pragma unroll
-    for (int j = 0; j < 8; ++j) sums[(s * kGroups + g) * kColumns + v * 8 + j] = acc[s][j];
+      for (int j = 0; j < 8; ++j) {
+#pragma unroll
+        for (int d = kVectors; d < 32; d *= 2) acc[s][j] += __shfl_xor_sync(0xffffffffu, acc[s][j], d);
+        if (lane < kVectors) sums[(s * kBlockWarps + warp) * kColumns + v * 8 + j] = acc[s][j];
+      }
+    }
   }
   __syncthreads();
-  const int column = tid % kColumns, seq = tid / kColumns % kSeqs, part = tid / (kColumns * kSeqs);
-  float run = 0.f;
-  for (int gg = part * kRun; gg < (part + 1) * kRun; ++gg) run += sums[(seq * kGroups + gg) * kColumns + column];
-  __syncthreads();
-  sums[(part * kSeqs + seq) * kColumns + column] = run;
-  __syncthreads();
   float total = 0.f;
-  if (tid < kSeqs * kColumns) {
-    for (int p = 0; p < kParts; ++p) total += sums[(p * kSeqs + seq) * kColumns + column];
+  if (tid < seqs * kColumns) {
+    const int seq = tid / kColumns, column = tid % kColumns;
+    for (int w = 0; w < kBlockWarps; ++w) total += sums[(seq * kBlockWarps + w) * kColumns + column];
   }
   __syncthreads();
   return total;
@@ -224,7 +231,7 @@ __device__ __forceinline__ float ColumnSums(const uint4 (&wv)[kMaxRows], int row
 __global__ void __launch_bounds__(kThreads) MlaTokenPrepKernel(PrepArgs a) {
   StartDependents();
   __shared__ float q_nope[kNope];
-  __shared__ float sums[kRowGroups * kLatentColumns];
+  __shared__ float sums[kWarps * kLatentColumns];
   __shared__ float scratch[kWarps];
   const int h = blockIdx.x / kLatentBlocks, part = blockIdx.x % kLatentBlocks, b = blockIdx.y, tid = threadIdx.x;
   const int v = tid % kColumnVectors, g = tid / kColumnVectors;
@@ -236,7 +243,7 @@ __global__ void __launch_bounds__(kThreads) MlaTokenPrepKernel(PrepArgs a) {
   const bf16* q = a.projected + static_cast<size_t>(b) * a.width + h * (kNope + kRope);
   if (tid < kNope) q_nope[tid] = __bfloat162float(q[tid]);
   __syncthreads();
-  const float sum = ColumnSums<1, kRowGroups, kLatentColumns>(wv, kRowsPerThread, q_nope, 0, 1, sums);
+  const float sum = ColumnSums<1, kLatentColumns, kThreads>(wv, kRowsPerThread, q_nope, 0, 1, sums);
   if (tid < kLatentColumns) a.q_latent[bh * kLatent + part * kLatentColumns + tid] = __float2bfloat16(sum);
   if (part == 0 && tid < kRope) a.q_rope[bh * kRope + tid] = Rotated(q + kNope, tid, a);
   if (h == 0 && part == 0) WriteCacheRow(a, a.projected + static_cast<size_t>(b) * a.width + a.heads * (kNope + kRope), b, scratch);
@@ -309,38 +316,42 @@ __global__ void __launch_bounds__(kOutThreads) MlaTokenOutKernel(OutArgs a) {
   }
 }
 
-// Kernels 0 and 4, block (kProductColumns columns, sequences 2y and 2y + 1 where they exist):
+// Kernels 0 and 4, block (kColumns columns, sequences 2y and 2y + 1 where they exist):
 // out[b, cols] = v_b . w[:, cols] (+ residual[b, cols]), where v_b is in[b], through RMSNorm when a
 // norm weight is given. Thread (g, v) loads its rows of the block's columns (g, g + kProductGroups,
 // ...) into registers before it waits for the previous kernel, and uses them for both sequences:
 // at B=2 a block per sequence read the weights twice and took two waves.
-__global__ void __launch_bounds__(kThreads) ProductKernel(ProductArgs a) {
+template <int kColumns, int kBlockThreads>
+__global__ void __launch_bounds__(kBlockThreads) ProductKernel(ProductArgs a) {
+  static_assert(kBlockThreads == kProductGroups * kColumns / 8, "kProductGroups row groups");
   StartDependents();
+  constexpr int kBlockWarps = kBlockThreads / 32;
   __shared__ float x[kProductSeqs][kMlaTokenMaxHidden];
-  __shared__ float sums[kProductSeqs * kProductGroups * kProductColumns];
-  __shared__ float scratch[kWarps];
-  const int tid = threadIdx.x, v = tid % (kProductColumns / 8), g = tid / (kProductColumns / 8);
+  __shared__ float sums[kProductSeqs * kBlockWarps * kColumns];
+  __shared__ float scratch[kBlockWarps];
+  const int tid = threadIdx.x, v = tid % (kColumns / 8), g = tid / (kColumns / 8);
   const int b0 = blockIdx.y * kProductSeqs, seqs = min(kProductSeqs, a.batch - b0);
-  const int col = blockIdx.x * kProductColumns, rows = a.rows / kProductGroups;
+  const int col = blockIdx.x * kColumns, rows = a.rows / kProductGroups;
   uint4 wv[kProductRows];
   LoadRows(wv, a.w + static_cast<size_t>(g) * a.cols + col + v * 8, static_cast<size_t>(kProductGroups) * a.cols, rows);
   WaitForPrevious();  // o_proj: the heads' outputs (returns at once where the launch has no dependency)
   for (int s = 0; s < seqs; ++s) {
     const bf16* in = a.in + static_cast<size_t>(b0 + s) * a.rows;
     float squares = 0.f;
-    for (int i = tid; i < a.rows; i += kThreads) {
+    for (int i = tid; i < a.rows; i += kBlockThreads) {
       x[s][i] = __bfloat162float(in[i]);
       squares = fmaf(x[s][i], x[s][i], squares);
     }
     if (a.norm != nullptr) {
-      const float r = InverseRms(squares, a.rows, a.eps, scratch);
-      for (int i = tid; i < a.rows; i += kThreads) x[s][i] = Normalized(x[s][i], r, a.norm[i]);
+      const float r = InverseRms<kBlockWarps>(squares, a.rows, a.eps, scratch);
+      for (int i = tid; i < a.rows; i += kBlockThreads) x[s][i] = Normalized(x[s][i], r, a.norm[i]);
     }
   }
   __syncthreads();
-  const float sum = ColumnSums<kProductSeqs, kProductGroups, kProductColumns>(wv, rows, &x[0][0], kMlaTokenMaxHidden, seqs, sums);
-  if (tid < seqs * kProductColumns) {
-    const size_t at = static_cast<size_t>(b0 + tid / kProductColumns) * a.cols + col + tid % kProductColumns;
+  const float sum =
+      ColumnSums<kProductSeqs, kColumns, kBlockThreads>(wv, rows, &x[0][0], kMlaTokenMaxHidden, seqs, sums);
+  if (tid < seqs * kColumns) {
+    const size_t at = static_cast<size_t>(b0 + tid / kColumns) * a.cols + col + tid % kColumns;
     const float y = Rounded<bf16>(sum);
     a.out[at] = __float2bfloat16(a.residual == nullptr ? y : __bfloat162float(a.residual[at]) + y);
   }
@@ -417,7 +428,8 @@ ffi::Error MlaToken(cudaStream_t stream, ffi::Buffer<ffi::BF16> x, ffi::Buffer<f
   }
   const ProductArgs input{in(x), in(norm), in(w_in), nullptr, res(projected), static_cast<int>(batch),
                           static_cast<int>(hidden), static_cast<int>(width), eps};
-  ProductKernel<<<dim3(width / kProductColumns, (batch + kProductSeqs - 1) / kProductSeqs), kThreads, 0, stream>>>(input);
+  const int pairs = static_cast<int>((batch + kProductSeqs - 1) / kProductSeqs);
+  ProductKernel<kInputColumns, kInputThreads><<<dim3(width / kInputColumns, pairs), kInputThreads, 0, stream>>>(input);
   TE_ASYNC_RETURN_IF_ERROR(CudaStatus(cudaGetLastError(), "launch of the input projections' ProductKernel"));
 
   const PrepArgs prep{res(projected), in(kv_norm), in(w_kv), cos.typed_data(), sin.typed_data(),
@@ -442,8 +454,8 @@ ffi::Error MlaToken(cudaStream_t stream, ffi::Buffer<ffi::BF16> x, ffi::Buffer<f
                                                "launch of MlaTokenOutKernel"));
   const ProductArgs output{res(attention), nullptr, in(wo), in(x), res(out), static_cast<int>(batch),
                            static_cast<int>(heads * kValue), static_cast<int>(hidden), 0.f};
-  return LaunchAfterPrevious(ProductKernel, dim3(hidden / kProductColumns, (batch + kProductSeqs - 1) / kProductSeqs), kThreads, output, stream,
-                             "launch of o_proj's ProductKernel");
+  return LaunchAfterPrevious(ProductKernel<kOutputColumns, kOutputThreads>, dim3(hidden / kOutputColumns, pairs),
+                             kOutputThreads, output, stream, "launch of o_proj's ProductKernel");
 }
 
 }  // namespace
