@@ -31,11 +31,11 @@ from . import _ffi, mla_decode, plan
 from .decode_attention import check_window_and_layer, split_count
 
 MLA_TOKEN = "te_async_mla_token"
-# The batches "auto" takes the call at: those measured. DeepSeek-V2-Lite, 4096 cached tokens, device
-# mode, one H200, against the unfused path (generate's loop / blocked p50 per token; docs/benchmarks.md,
-# table MT): B=1 1.04x / 1.08x, B=2 1.02x / 1.08x. From B=4 generate writes the layers out, not
-# measured with the call.
-AUTO_MAX_BATCH = 2
+# The batches "auto" takes the call at: those measured (B=3 lies between two of them). DeepSeek-V2-Lite,
+# 4096 cached tokens, device mode, one H200, against the unfused path (generate's loop / blocked p50
+# per token; docs/benchmarks.md, table MT): B=1 1.19x / 1.17x, B=2 1.11x / 1.15x, B=4 (one pair of
+# runs) 1.04x / 1.06x. B=8 ran with the call but not against the unfused path in the same call.
+AUTO_MAX_BATCH = 4
 
 
 def applies(x: jax.Array, w_in: jax.Array, w_kv: jax.Array, wo: jax.Array, ckv: jax.Array) -> bool:
