@@ -37,8 +37,8 @@ def make(rng, batch, heads, max_len, layers=3, hidden=HIDDEN):
     w_in[:, heads * (NOPE + ROPE):] *= 3
     return (x(0.01, batch, 1, hidden), jnp.asarray(1 + 0.2 * rng.standard_normal(hidden), jnp.bfloat16),
             jnp.asarray(w_in, jnp.bfloat16), jnp.asarray(1 + 0.2 * rng.standard_normal(LATENT), jnp.bfloat16),
-            x(0.05, heads, NOPE + VALUE, LATENT), x(0.05, heads * VALUE, hidden), x(1.0, layers, batch, max_len, LATENT),
-            x(1.0, layers, batch, max_len, ROPE))
+            x(0.05, heads, NOPE + VALUE, LATENT), x(0.05, heads * VALUE, hidden),
+            x(1.0, layers, batch, max_len, LATENT), x(1.0, layers, batch, max_len, ROPE))
 
 
 def rotation(position):
@@ -63,7 +63,8 @@ def unfused(operands, position, layer, window=None, interleaved=True):
 
     def f(x, ckv, kpe):
         projected = linear(rms_norm(x, norm, EPS), w_in)
-        q, kv_a = projected[..., :heads * (NOPE + ROPE)].reshape(*x.shape[:2], heads, -1), projected[..., heads * (NOPE + ROPE):]
+        q = projected[..., :heads * (NOPE + ROPE)].reshape(*x.shape[:2], heads, -1)
+        kv_a = projected[..., heads * (NOPE + ROPE):]
         c = rms_norm(kv_a[..., :LATENT], kv_norm, LATENT_NORM_EPS)
         k_pe = _rope(kv_a[..., None, LATENT:], cos, sin, interleaved)[:, :, 0]
         ckv, kpe = write(LayerOf(ckv, layer), c, position).stack, write(LayerOf(kpe, layer), k_pe, position).stack

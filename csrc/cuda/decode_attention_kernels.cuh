@@ -156,7 +156,8 @@ __global__ void __launch_bounds__(kThreads) CombineKernel(Args a, int splits) {
 template <int I, int kSplitWarps = kWarps>
 struct Shape {
   static constexpr DecodeAttentionShape s = kDecodeAttentionShapes[I];
-  static constexpr size_t kBytes = Layout<s.key_dims, s.rope_dims, s.value_dims, s.values_are_keys, kSplitWarps>::kBytes;
+  static constexpr size_t kBytes =
+      Layout<s.key_dims, s.rope_dims, s.value_dims, s.values_are_keys, kSplitWarps>::kBytes;
   static constexpr auto kKernel =
       DecodeAttentionKernel<s.key_dims, s.rope_dims, s.value_dims, s.values_are_keys, kSplitWarps>;
 };

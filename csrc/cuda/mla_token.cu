@@ -4,8 +4,9 @@
 // te_async/mla_token.py). At batch 1 XLA ran this part of a layer as about 24 kernels and two
 // copies of the layer's cache slice (docs/design-b1-attention-block.md).
 //
-//   0. ProductKernel with a norm weight, block (16 columns): input_layernorm of the residual stream
-//      x and its product with w_in, the side-by-side q_proj and kv_a_proj_with_mqa weights.
+//   0. ProductKernel with a norm weight, block (32 columns, two sequences): input_layernorm of the
+//      residual stream x and its product with w_in, q_proj's and kv_a_proj_with_mqa's weights side
+//      by side.
 //   1. MlaTokenPrepKernel, block (head h x 64 latent columns, sequence b): the absorbed query
 //      q_latent[h, cols] = q_nope[h] . W_uk[h][:, cols] over wkv_b's key half; the first column
 //      block of each head also rotates the head's rope query, and block (0, b) normalises the new
@@ -15,7 +16,8 @@
 //      8 warps: each key split's unnormalised output with its max and sum.
 //   3. MlaTokenOutKernel, block (head h, sequence b): the merge of head h's splits into its latent
 //      output, then W_uv[h] (wkv_b's value half) times it: the head's output.
-//   4. ProductKernel with a residual, block (16 columns): x + o_proj over the heads' outputs.
+//   4. ProductKernel with a residual, block (16 columns, two sequences): x + o_proj over the heads'
+//      outputs.
 // Each boundary needs the whole previous result, hence five kernels. Each lets the next start at
 // once: the dependents load their weights (W_uk, W_uv, o_proj's: 2, 2 and 8 MB at DeepSeek-V2-
 // Lite's shapes) into registers while the kernels before them, which leave most of the HBM's
@@ -70,8 +72,8 @@ constexpr int kVectorsPerLane = kLatent / 8 / 32;         // 16-byte vectors of 
 constexpr int kMergeHalves = kOutThreads / (kLatent / 2); // threads per latent column pair in the merge
 // ProductKernel<kColumns, kBlockThreads>: thread (g, v) of a block owns 16-byte column vector v and
 // rows g, g + kProductGroups, ... The input projections take 32 columns in 512 threads, 64 bytes of
-// each weight row (16 columns, 32 bytes a row, took 9.7 us for 15 MB); o_proj 16 in 256, so that
-// its blocks fit beside the attention's, during which they load their rows.
+// each weight row (9.0 us for 15 MB at B=1; 16 columns, 32 bytes a row, 9.7); o_proj 16 in 256, so
+// that its blocks fit beside the attention's, during which they load their rows.
 constexpr int kProductGroups = 128;
 constexpr int kProductRows = kMlaTokenMaxHidden / kProductGroups;  // most rows per thread
 constexpr int kInputColumns = 32, kInputThreads = kProductGroups * kInputColumns / 8;
@@ -166,7 +168,7 @@ __device__ void WriteCacheRow(const PrepArgs& a, const bf16* kv, int b, float* s
   if (tid < kRope) a.kpe[row * kRope + tid] = Rotated(kv + kLatent, tid, a);
 }
 
-// The prep's and ProductKernel's products of a vector with a weight matrix, by blocks of kColumns columns:
+// The prep's and ProductKernel's products of vectors with a weight matrix, by blocks of kColumns:
 // thread (g, v) of the block owns 16-byte column vector v and rows g, g + kGroups, ... (at most
 // kMaxRows of them, `rows` in all), which it loads into registers first (LoadRows), so that their
 // latency overlaps whatever the block does before it needs them (ColumnSums).
@@ -246,7 +248,9 @@ __global__ void __launch_bounds__(kThreads) MlaTokenPrepKernel(PrepArgs a) {
   const float sum = ColumnSums<1, kLatentColumns, kThreads>(wv, kRowsPerThread, q_nope, 0, 1, sums);
   if (tid < kLatentColumns) a.q_latent[bh * kLatent + part * kLatentColumns + tid] = __float2bfloat16(sum);
   if (part == 0 && tid < kRope) a.q_rope[bh * kRope + tid] = Rotated(q + kNope, tid, a);
-  if (h == 0 && part == 0) WriteCacheRow(a, a.projected + static_cast<size_t>(b) * a.width + a.heads * (kNope + kRope), b, scratch);
+  if (h == 0 && part == 0) {
+    WriteCacheRow(a, a.projected + static_cast<size_t>(b) * a.width + a.heads * (kNope + kRope), b, scratch);
+  }
 }
 
 // The merge of head h's key splits into its latent output (as CombineKernel: weights 2^(max_s - M)
