@@ -10,7 +10,8 @@ DeepSeek-V2/V3's head shape (MLA_DECODE_DIMS) on a GPU of compute capability 9.0
 
 TE_ASYNC_MLA_DECODE (read once) also decides the models' decode step (te_async.models.mla): "auto"
 (default) runs one new token per sequence through te_async.mla_token's call at the batches it
-measured faster at (from the projections to o_proj, the cache write included) and everything else
+measured faster at (the layer's attention half from its norm to the residual add, the cache write
+included) and everything else
 through the einsums around decode_attention, "unfused" always through the einsums, "te_async"
 through this module's kernel (an error where it cannot run). "auto" does not take this kernel
 because it lost to the unfused path (H200, docs/benchmarks.md table A3, GPU µs per layer
