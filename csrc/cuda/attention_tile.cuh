@@ -10,6 +10,7 @@
 
 #include <cuda_bf16.h>
 
+#include <climits>
 #include <cmath>
 #include <cstddef>
 #include <type_traits>
@@ -88,15 +89,21 @@ struct KeyRows {
   size_t row0, stride;
 };
 
-// Copies this thread's 16-byte chunks of a tile's kKeys rows of kDims dims from `array` (key n's row
-// at (row0 + n stride) kDims) to `to` (kToStride bf16 per row): chunk tid % (kDims / 8) of rows
-// tid / (kDims / 8) + i kThreads / (kDims / 8), so that each copy's shared address is the thread's
-// first plus a constant and its global one the thread's first plus i times one stride: about 6
-// instructions a copy. (Copying chunk tid + i kThreads of a whole key row took about 35, more than
-// half of a tile's instructions; docs/benchmarks.md, table AL.) kFull: every key of the tile
-// exists, so only a chunk's last tile tests them; a key past `last` is zero-filled.
+// Copies this thread's 16-byte chunks of the kKeys rows of a tile from key `start` on, of kDims dims,
+// from `array` (key n's row at (row0 + n stride) kDims) to `to` (kToStride bf16 per row): chunk
+// tid % (kDims / 8) of rows tid / (kDims / 8) + i kThreads / (kDims / 8), so that each copy's shared
+// address is the thread's first plus a constant and its global one the thread's first plus i times
+// one stride: about 6 instructions a copy. (Copying chunk tid + i kThreads of a whole key row took
+// about 35, more than half of a tile's instructions; docs/benchmarks.md, table AL.) Keys n in
+// [r.from, r.to) are copied, keys n >= r.fill zero-filled, the others left as they are (another
+// call copies them). kFull: the tile's keys all lie in [r.from, r.to), so only a chunk's first and
+// last tiles test them.
+struct TileRange {
+  int from, to, fill;
+};
 template <int kDims, int kToStride, int kKeys, int kThreads, bool kFull>
-__device__ __forceinline__ void CopyRows(const bf16* array, size_t row0, size_t stride, int start, int last, bf16* to) {
+__device__ __forceinline__ void CopyRows(const bf16* array, size_t row0, size_t stride, int start, TileRange r,
+                                         bf16* to) {
   constexpr int kChunks = kDims / 8, kRowsPerPass = kThreads / kChunks, kCopies = kKeys / kRowsPerPass;
   static_assert(kThreads % kChunks == 0 && kKeys % kRowsPerPass == 0, "whole rows per pass, whole passes per tile");
   const int key = threadIdx.x / kChunks, d = threadIdx.x % kChunks * 8;
@@ -105,9 +112,40 @@ __device__ __forceinline__ void CopyRows(const bf16* array, size_t row0, size_t 
   to += key * kToStride + d;
 #pragma unroll
   for (int i = 0; i < kCopies; ++i) {
-    const bool valid = kFull || start + key + i * kRowsPerPass < last;
-    CopyAsync16(to + i * kRowsPerPass * kToStride, valid ? from + i * step : array, valid);
+    const int n = start + key + i * kRowsPerPass;
+    const bool copy = kFull || (n >= r.from && n < r.to);
+    if (copy || n >= r.fill) CopyAsync16(to + i * kRowsPerPass * kToStride, copy ? from + i * step : array, copy);
   }
+}
+
+// Starts the copies of the tile of keys from `start` on into shared buffer `buffer` (of two) at
+// Layout::kK (and kV), keys as CopyRows's TileRange says, and commits them as one group.
+template <int DK, int DR, int DV, bool kValuesAreKeys, int kWarps>
+__device__ __forceinline__ void LoadTile(const KeyRows& src, int start, TileRange r, int buffer, unsigned char* smem) {
+  using L = Layout<DK + DR, DV, kValuesAreKeys, kWarps>;
+  constexpr int kKeys = L::kKeys, kThreads = L::kThreads;
+  auto copy = [&](auto full) {
+    constexpr bool kFull = decltype(full)::value;
+    bf16* keys = reinterpret_cast<bf16*>(smem + L::kK) + buffer * L::kKTile;
+    CopyRows<DK, L::kQStride, kKeys, kThreads, kFull>(src.k, src.row0, src.stride, start, r, keys);
+    if constexpr (DR > 0) {
+      CopyRows<DR, L::kQStride, kKeys, kThreads, kFull>(src.k_rope, src.row0, src.stride, start, r, keys + DK);
+    }
+    if constexpr (!kValuesAreKeys) {
+      CopyRows<DV, L::kVStride, kKeys, kThreads, kFull>(src.v, src.row0, src.stride, start, r,
+                                                        reinterpret_cast<bf16*>(smem + L::kV) + buffer * L::kVTile);
+    }
+  };
+  if (r.from <= start && start + kKeys <= r.to) copy(std::true_type{}); else copy(std::false_type{});
+  CommitCopies();
+}
+
+// Keys [first, to) of the first tile of a chunk from `first` on, copied ahead: a dependent kernel
+// starts them before it waits for the previous kernel, which writes only the keys from `to` on
+// (mla_token.cu's prep writes the new token's row). AttendChunk(..., loaded = to) copies the rest.
+template <int DK, int DR, int DV, bool kValuesAreKeys, int kWarps>
+__device__ __forceinline__ void PrefetchFirstTile(const KeyRows& src, int first, int to, unsigned char* smem) {
+  LoadTile<DK, DR, DV, kValuesAreKeys, kWarps>(src, first, {first, to, INT_MAX}, 0, smem);
 }
 
 // Which keys a query row sees: row r < rows is a query at position + r / group, which sees keys
@@ -120,9 +158,11 @@ struct Visibility {
 // to keys [first, last): o gets the unnormalised output (warp w owns value columns [w DV / kWarps,
 // (w + 1) DV / kWarps); o[j][e] is row g (+8 for e >= 2), column 8 j + 2 t4 (+1 for odd e) of them,
 // g = lane / 4, t4 = lane % 4), and the floats at Layout::kStats each row's running max (log2
-// units, -inf where no key was seen) and sum. first >= last leaves o zero and the max -inf.
+// units, -inf where no key was seen) and sum. first >= last leaves o zero and the max -inf. Keys
+// [first, loaded) of the first tile are already being copied (PrefetchFirstTile; loaded = first:
+// none).
 template <int DK, int DR, int DV, bool kValuesAreKeys, int kWarps>
-__device__ __forceinline__ void AttendChunk(const KeyRows& src, int first, int last, const Visibility& vis,
+__device__ __forceinline__ void AttendChunk(const KeyRows& src, int first, int last, int loaded, const Visibility& vis,
                                             float scale_log2, unsigned char* smem,
                                             float (&o)[Layout<DK + DR, DV, kValuesAreKeys, kWarps>::kValueTiles][4]) {
   constexpr int DQ = DK + DR;
@@ -139,23 +179,14 @@ __device__ __forceinline__ void AttendChunk(const KeyRows& src, int first, int l
   float* s_rescale = s_sum + kRows;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
 
-  auto load_tile = [&](int start, int buffer) {
-    auto copy = [&](auto full) {
-      constexpr bool kFull = decltype(full)::value;
-      bf16* keys = sk + buffer * L::kKTile;
-      CopyRows<DK, L::kQStride, kKeys, kThreads, kFull>(src.k, src.row0, src.stride, start, last, keys);
-      if constexpr (DR > 0) {
-        CopyRows<DR, L::kQStride, kKeys, kThreads, kFull>(src.k_rope, src.row0, src.stride, start, last, keys + DK);
-      }
-      if constexpr (!kValuesAreKeys) {
-        CopyRows<DV, L::kVStride, kKeys, kThreads, kFull>(src.v, src.row0, src.stride, start, last,
-                                                          sv + buffer * L::kVTile);
-      }
-    };
-    if (start + kKeys <= last) copy(std::true_type{}); else copy(std::false_type{});
-    CommitCopies();
+  const auto load_tile = [&](int start, TileRange r, int buffer) {
+    LoadTile<DK, DR, DV, kValuesAreKeys, kWarps>(src, start, r, buffer, smem);
   };
-  if (first < last) load_tile(first, 0);
+  if (loaded < first + kKeys) {
+    if (first < last) load_tile(first, {loaded, last, last}, 0);
+  } else {
+    CommitCopies();  // the first tile is all in flight; commit the caller's copies (the query rows)
+  }
   if (tid < kRows) s_max[tid] = -INFINITY, s_sum[tid] = 0.f;
 #pragma unroll
   for (int j = 0; j < L::kValueTiles; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
@@ -164,7 +195,7 @@ __device__ __forceinline__ void AttendChunk(const KeyRows& src, int first, int l
   for (int i = 0; i < tiles; ++i) {
     WaitCopies();
     __syncthreads();  // tile i is in shared memory, and every warp is done with tile i - 1's buffer
-    if (i + 1 < tiles) load_tile(first + (i + 1) * kKeys, (i + 1) & 1);
+    if (i + 1 < tiles) load_tile(first + (i + 1) * kKeys, {first, last, last}, (i + 1) & 1);
     const bf16* kt = sk + (i & 1) * L::kKTile;
     const bf16* vt = sv + (i & 1) * L::kVTile;
     const int start = first + i * kKeys;

@@ -57,12 +57,11 @@ __global__ void __launch_bounds__(32 * kSplitWarps) DecodeAttentionKernel(Args a
   const float* s_max = reinterpret_cast<const float*>(smem + L::kStats);
   const float* s_sum = s_max + kRows;
   StartDependents();
-  WaitForPrevious();  // q (mla_token.cu: and the cache row) written by the previous kernel
 
   const int bh = blockIdx.y, b = bh / a.kv_heads, kv_head = bh % a.kv_heads;
   const int group = a.heads / a.kv_heads, rows = group * a.tokens;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
-  const int layer = *a.layer, position = *a.position;
+  const int layer = *a.layer, position = *a.position;  // the call's inputs: no previous kernel writes them
   float* partial = a.partial + (static_cast<size_t>(blockIdx.x) * gridDim.y + bh) * kRows * (DV + 2);
 
   // Keys [first, last) that some row can see, within this split's chunk.
@@ -70,9 +69,18 @@ __global__ void __launch_bounds__(32 * kSplitWarps) DecodeAttentionKernel(Args a
   const int last = min(min(first + a.chunk, a.max_len), position + a.tokens);
   if (a.window > 0) first = max(first, position - a.window + 1);
   if (layer < 0 || layer >= a.layers || position < 0 || first >= last) {
+    WaitForPrevious();  // every block ends after the kernel before it, as without the programmatic launch
     if (tid < kRows) partial[tid * (DV + 2) + DV] = -INFINITY, partial[tid * (DV + 2) + DV + 1] = 0.f;
     return;
   }
+  // The keys before the new tokens' are in the cache already: the first tile's start copying while
+  // the previous kernel (mla_token.cu's prep, which writes the new row) runs.
+  const attention_tile::KeyRows keys{a.k, a.k_rope, a.v,
+                                     (static_cast<size_t>(layer) * a.batch + b) * a.max_len * a.kv_heads + kv_head,
+                                     static_cast<size_t>(a.kv_heads)};
+  const int loaded = max(first, min(last, position));
+  attention_tile::PrefetchFirstTile<DK, DR, DV, kValuesAreKeys, kSplitWarps>(keys, first, loaded, smem);
+  WaitForPrevious();  // q (mla_token.cu: and the new cache row) written by the previous kernel
 
   // Row r: token r / group, head kv_head * group + r % group; rows from `rows` on are zeros.
   for (int c = tid; c < kRows * (DQ / 8); c += L::kThreads) {
@@ -81,11 +89,8 @@ __global__ void __launch_bounds__(32 * kSplitWarps) DecodeAttentionKernel(Args a
     const bf16* src = r >= rows ? a.q : d < DK ? a.q + row * DK + d : a.q_rope + row * DR + d - DK;
     attention_tile::CopyAsync16(sq + r * L::kQStride + d, src, r < rows);
   }
-  const attention_tile::KeyRows keys{a.k, a.k_rope, a.v,
-                                     (static_cast<size_t>(layer) * a.batch + b) * a.max_len * a.kv_heads + kv_head,
-                                     static_cast<size_t>(a.kv_heads)};
   float o[L::kValueTiles][4];
-  attention_tile::AttendChunk<DK, DR, DV, kValuesAreKeys, kSplitWarps>(keys, first, last,
+  attention_tile::AttendChunk<DK, DR, DV, kValuesAreKeys, kSplitWarps>(keys, first, last, loaded,
                                                                    {rows, group, position, a.window}, a.scale_log2,
                                                                    smem, o);
 #pragma unroll

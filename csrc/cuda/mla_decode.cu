@@ -184,8 +184,8 @@ __global__ void __launch_bounds__(kThreads, 1) MlaDecodeKernel(MlaArgs a) {
   attention_tile::CommitCopies();
   const attention_tile::KeyRows keys{a.ckv, a.kpe, a.ckv, key_row0, 1};
   float o[Tile::kValueTiles][4];
-  attention_tile::AttendChunk<kLatent, kRope, kLatent, true, kWarps>(keys, first, last, {rows, kHeads, position, a.window},
-                                                                     a.scale_log2, smem, o);
+  attention_tile::AttendChunk<kLatent, kRope, kLatent, true, kWarps>(
+      keys, first, last, first, {rows, kHeads, position, a.window}, a.scale_log2, smem, o);
   attention_tile::WaitCopies();  // q_pe's copies, where the block had no key to wait for them
   __syncthreads();
 
