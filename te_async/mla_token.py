@@ -103,7 +103,7 @@ def mla_token_block(x: jax.Array, norm: jax.Array, w_in: jax.Array, kv_norm: jax
               jax.ShapeDtypeStruct((b, 1, h, latent), bf16),            # the latent query
               jax.ShapeDtypeStruct((b, 1, h, dr), bf16),                # the rotated rope query
               jax.ShapeDtypeStruct((splits, b, rows, latent + 2), f32),  # the splits' partial outputs
-              jax.ShapeDtypeStruct((b, 1, h, dv), bf16))                # the heads' outputs
+              jax.ShapeDtypeStruct((module.MLA_TOKEN_LATENT_PARTS, b, h * dv), f32))  # the heads' outputs, in parts
     out, ckv, kpe, *_ = jax.ffi.ffi_call(MLA_TOKEN, shapes, input_output_aliases={8: 1, 9: 2})(
         x, norm.astype(bf16), w_in, kv_norm.astype(bf16), w_kv, wo, cos.astype(f32), sin.astype(f32), ckv, kpe,
         jnp.asarray(layer, jnp.int32), jnp.asarray(position, jnp.int32), scale=np.float32(scale),

@@ -14,10 +14,11 @@
 //      (layer, b, position), in place (the call's cache outputs alias its inputs).
 //   2. DecodeAttentionKernel over the latent cache, one kv head (decode_attention_kernels.cuh), of
 //      8 warps: each key split's unnormalised output with its max and sum.
-//   3. MlaTokenOutKernel, block (head h, sequence b): the merge of head h's splits into its latent
-//      output, then W_uv[h] (wkv_b's value half) times it: the head's output.
+//   3. MlaTokenOutKernel, block (head h x latent part, sequence b): the merge of head h's splits into
+//      a quarter of its latent output, then that quarter's columns of W_uv[h] (wkv_b's value half)
+//      times it: the head's output as four partial sums.
 //   4. ProductKernel with a residual, block (16 columns, two sequences): x + o_proj over the heads'
-//      outputs.
+//      outputs (the partial sums added in order and rounded).
 // Each boundary needs the whole previous result, hence five kernels. Each lets the next start at
 // once: the dependents load their weights (W_uk, W_uv, o_proj's: 2, 2 and 8 MB at DeepSeek-V2-
 // Lite's shapes) into registers while the kernels before them, which leave most of the HBM's
@@ -65,11 +66,18 @@ constexpr int kLatentBlocks = kLatent / kLatentColumns;
 constexpr int kColumnVectors = kLatentColumns / 8;        // 16-byte vectors of a W_uk row slice
 constexpr int kRowGroups = kThreads / kColumnVectors;     // prep thread (g, v): rows g, g + kRowGroups, ...
 constexpr int kRowsPerThread = kNope / kRowGroups;
-constexpr int kOutThreads = 512;                          // MlaTokenOutKernel: one block per head, 128 KB of W_uv
+// MlaTokenOutKernel, block (head, latent part, sequence): kPartColumns latent columns of the head's
+// merge, then their share of W_uv times the merged latent (32 KB of W_uv a block).
+constexpr int kParts = kMlaTokenLatentParts;
+constexpr int kPartColumns = kLatent / kParts;
+constexpr int kOutThreads = 512;
 constexpr int kOutWarps = kOutThreads / 32;
-constexpr int kRowsPerWarp = kValue / kOutWarps;
-constexpr int kVectorsPerLane = kLatent / 8 / 32;         // 16-byte vectors of a W_uv row per lane
-constexpr int kMergeHalves = kOutThreads / (kLatent / 2); // threads per latent column pair in the merge
+constexpr int kMergePairs = kPartColumns / 2;             // merge thread (group, pair): columns 2 pair, 2 pair + 1
+constexpr int kMergeGroups = kOutThreads / kMergePairs;   // of splits group, group + kMergeGroups, ...
+constexpr int kMergeAhead = 8;                            // of which the first 8 are loaded before the stats
+constexpr int kPartVectors = kPartColumns / 8;            // W_uv thread (g, v): 16-byte vector v of the part
+constexpr int kPartRowGroups = kOutThreads / kPartVectors;  // of rows g, g + kPartRowGroups, ...
+constexpr int kPartRows = kValue / kPartRowGroups;
 // ProductKernel<kColumns, kBlockThreads>: thread (g, v) of a block owns 16-byte column vector v and
 // rows g, g + kProductGroups, ... The input projections take 32 columns in 512 threads, 64 bytes of
 // each weight row (9.0 us for 15 MB at B=1; 16 columns, 32 bytes a row, 9.7); o_proj 16 in 256, so
@@ -89,11 +97,12 @@ static_assert(kShape.key_dims == kLatent && kShape.rope_dims == kRope && kShape.
                   kShape.values_are_keys,
               "decode attention's shape 0 is MLA's latent cache");
 static_assert(kLatent % kLatentColumns == 0 && kNope % kRowGroups == 0 && kLatent == 2 * kThreads &&
-                  kValue % kOutWarps == 0 && kOutThreads % (kLatent / 2) == 0 && kRope <= kThreads &&
-                  kNope <= kThreads && kVectorsPerLane * 8 * 32 == kLatent && kMlaTokenHiddenStep == kProductGroups &&
-                  kDecodeAttentionMaxRows * kValue <= kMlaTokenMaxHidden && kValue % kProductGroups == 0 &&
-                  (kNope + kRope) % kInputColumns == 0 && (kLatent + kRope) % kInputColumns == 0 &&
-                  kMlaTokenHiddenStep % kOutputColumns == 0,
+                  kLatent % kParts == 0 && kOutThreads % kMergePairs == 0 && kOutThreads % kPartVectors == 0 &&
+                  kValue % kPartRowGroups == 0 && 32 % kPartVectors == 0 &&
+                  kDecodeAttentionMaxSplits <= kOutThreads && kRope <= kThreads && kNope <= kThreads &&
+                  kMlaTokenHiddenStep == kProductGroups && kDecodeAttentionMaxRows * kValue <= kMlaTokenMaxHidden &&
+                  kValue % kProductGroups == 0 && (kNope + kRope) % kInputColumns == 0 &&
+                  (kLatent + kRope) % kInputColumns == 0 && kMlaTokenHiddenStep % kOutputColumns == 0,
               "whole blocks");
 
 struct PrepArgs {
@@ -111,12 +120,13 @@ struct PrepArgs {
 struct OutArgs {
   const float* partial;  // the split kernel's [splits, B, kRows, latent + 2]
   const bf16* w_kv;      // [H, dn + dv, latent]
-  bf16* attention;       // [B, H * dv]: the heads' outputs, o_proj's input
+  float* attention;      // [kParts, B, H * dv]: the heads' outputs as kParts partial sums, o_proj's input
   int heads, splits;
 };
 
 struct ProductArgs {
-  const bf16* in;        // [B, rows]
+  const bf16* in;        // [B, rows]; or null, and
+  const float* parts;    // [kParts, B, rows]: in's values as partial sums, added in order and rounded to bf16
   const bf16* norm;      // [rows]: RMSNorm's weight, applied to `in` with eps; null: `in` as it is
   const bf16* w;         // [rows, cols]
   const bf16* residual;  // [B, cols], added to the rounded product; or null
@@ -174,9 +184,11 @@ __device__ void WriteCacheRow(const PrepArgs& a, const bf16* kv, int b, float* s
 // latency overlaps whatever the block does before it needs them (ColumnSums).
 template <int kMaxRows>
 __device__ __forceinline__ void LoadRows(uint4 (&wv)[kMaxRows], const bf16* first, size_t row_step, int rows) {
+  const char* p = reinterpret_cast<const char*>(first);  // one pointer stepped by the row stride: a 64-bit
+  const size_t step = row_step * sizeof(bf16);           // product per row was most of the kernels' prologue
 #pragma unroll
-  for (int i = 0; i < kMaxRows; ++i) {
-    wv[i] = i < rows ? LoadStreamBeforeWait(first + i * row_step) : make_uint4(0u, 0u, 0u, 0u);
+  for (int i = 0; i < kMaxRows; ++i, p += step) {
+    wv[i] = i < rows ? LoadStreamBeforeWait(p) : make_uint4(0u, 0u, 0u, 0u);
   }
 }
 
@@ -253,71 +265,94 @@ __global__ void __launch_bounds__(kThreads) MlaTokenPrepKernel(PrepArgs a) {
   }
 }
 
-// The merge of head h's key splits into its latent output (as CombineKernel: weights 2^(max_s - M)
-// in a fixed order, rounded to bf16 as decode_attention's output is), then W_uv[h] times it. The
-// block's W_uv rows are loaded into registers before it waits for the split kernel; thread t merges
-// latent columns 2 (t % 256) and 2 (t % 256) + 1 over every kMergeHalves-th split.
+// Two floats at p by a relaxed load at GPU scope, which ptxas keeps in program order among the
+// others (it issued the merge's plain stats load first, waited for it in the max's shuffles and only
+// then issued the loads meant to overlap that wait). Read from L2, where the split kernel wrote them.
+__device__ __forceinline__ float2 LoadPairInOrder(const float* p) {
+  float2 v;
+  asm volatile("ld.relaxed.gpu.global.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "l"(p));
+  return v;
+}
+
+// The merge of head h's key splits into latent columns [part, part + 1) kPartColumns of its output
+// (as CombineKernel: weights 2^(max_s - M) in a fixed order, rounded to bf16 as decode_attention's
+// output is), then those columns of W_uv[h] times them: the head's output as kParts partial sums,
+// which o_proj's kernel adds in order. A block per head read all 64 splits' 514 floats (131 KB) and
+// took 5.3 us at B=1; a quarter of them each, four blocks a head. The block's W_uv rows are loaded
+// into registers before it waits for the split kernel, and its first kMergeAhead splits' columns
+// before it reduces the splits' stats.
 __global__ void __launch_bounds__(kOutThreads) MlaTokenOutKernel(OutArgs a) {
   StartDependents();  // o_proj's kernel may start loading its weights
   __shared__ float weight[kDecodeAttentionMaxSplits];
-  __shared__ float2 halves[kMergeHalves][kLatent / 2];
-  __shared__ float latent[kLatent];
+  __shared__ float2 group_sums[kMergeGroups][kMergePairs];
+  __shared__ float latent[kPartColumns];
   __shared__ float scratch[kOutWarps];
-  const int h = blockIdx.x, b = blockIdx.y, tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int d0 = warp * kRowsPerWarp;
-  const bf16* w = a.w_kv + (static_cast<size_t>(h) * (kNope + kValue) + kNope + d0) * kLatent;
-  uint4 wv[kRowsPerWarp][kVectorsPerLane];
-#pragma unroll
-  for (int r = 0; r < kRowsPerWarp; ++r) {
-#pragma unroll
-    for (int k = 0; k < kVectorsPerLane; ++k) wv[r][k] = LoadStreamBeforeWait(w + r * kLatent + (lane + 32 * k) * 8);
-  }
+  const int h = blockIdx.x / kParts, part = blockIdx.x % kParts, b = blockIdx.y, tid = threadIdx.x;
+  const int v = tid % kPartVectors, g = tid / kPartVectors;
+  uint4 wv[kPartRows];
+  LoadRows(wv, a.w_kv + (static_cast<size_t>(h) * (kNope + kValue) + kNope + g) * kLatent + part * kPartColumns + v * 8,
+           kPartRowGroups * kLatent, kPartRows);
   WaitForPrevious();  // the split kernel's partial outputs
 
   const size_t split_stride = static_cast<size_t>(gridDim.y) * kRows * (kLatent + 2);
   const float* row = a.partial + (static_cast<size_t>(b) * kRows + h) * (kLatent + 2);
-  float m = -INFINITY;
-  for (int s = tid; s < a.splits; s += kOutThreads) m = fmaxf(m, row[s * split_stride + kLatent]);
-  m = BlockReduce<kOutWarps>(m, scratch, [](float x, float y) { return fmaxf(x, y); });
-  float total = 0.f;
-  for (int s = tid; s < a.splits; s += kOutThreads) {
-    const float ms = row[s * split_stride + kLatent];
-    weight[s] = ms == -INFINITY ? 0.f : exp2f(ms - m);  // a split that saw no key wrote no output
-    total += weight[s] * row[s * split_stride + kLatent + 1];
+  const int pair = tid % kMergePairs, group = tid / kMergePairs;
+  const float* column = row + part * kPartColumns + 2 * pair;  // (latent + 2) floats a row: 8-byte aligned pairs
+  float2 ahead[kMergeAhead];
+#pragma unroll
+  for (int k = 0; k < kMergeAhead; ++k) {
+    const int s = group + k * kMergeGroups;
+    ahead[k] = s < a.splits ? LoadPairInOrder(column + s * split_stride) : make_float2(0.f, 0.f);
   }
-  total = BlockReduce<kOutWarps>(total, scratch, [](float x, float y) { return x + y; });  // publishes `weight`
-  const int pair = tid % (kLatent / 2), half = tid / (kLatent / 2);
-  float2 acc = {0.f, 0.f};
-#pragma unroll 8
-  for (int s = half; s < a.splits; s += kMergeHalves) {
-    const float2 o = *reinterpret_cast<const float2*>(row + s * split_stride + 2 * pair);
-    const float ws = weight[s];
-    acc.x += ws == 0.f ? 0.f : ws * o.x;
-    acc.y += ws == 0.f ? 0.f : ws * o.y;
+  const float2 stats =
+      tid < a.splits ? LoadPairInOrder(row + tid * split_stride + kLatent) : make_float2(-INFINITY, 0.f);
+  const float m = BlockReduce<kOutWarps>(stats.x, scratch, [](float x, float y) { return fmaxf(x, y); });
+  const float ws = stats.x == -INFINITY ? 0.f : exp2f(stats.x - m);  // a split that saw no key wrote no output
+  if (tid < a.splits) weight[tid] = ws;
+  const float total = BlockReduce<kOutWarps>(ws * stats.y, scratch, [](float x, float y) { return x + y; });
+  float2 acc = {0.f, 0.f};  // `weight` is published by the reduction's barrier
+  const auto add = [&](int s, float2 o) {
+    const float w = weight[s];
+    acc.x += w == 0.f ? 0.f : w * o.x;
+    acc.y += w == 0.f ? 0.f : w * o.y;
+  };
+#pragma unroll
+  for (int k = 0; k < kMergeAhead; ++k) {
+    if (group + k * kMergeGroups < a.splits) add(group + k * kMergeGroups, ahead[k]);
   }
-  halves[half][pair] = acc;
+  for (int s = group + kMergeAhead * kMergeGroups; s < a.splits; s += kMergeGroups) {
+    add(s, *reinterpret_cast<const float2*>(column + s * split_stride));
+  }
+  group_sums[group][pair] = acc;
   __syncthreads();
-  if (half == 0) {  // the halves added in order; 0 / 0 where no split saw a key
-    for (int i = 1; i < kMergeHalves; ++i) acc.x += halves[i][pair].x, acc.y += halves[i][pair].y;
+  if (group == 0) {  // the groups added in order; 0 / 0 where no split saw a key
+    for (int i = 1; i < kMergeGroups; ++i) acc.x += group_sums[i][pair].x, acc.y += group_sums[i][pair].y;
     latent[2 * pair] = Rounded<bf16>(acc.x / total), latent[2 * pair + 1] = Rounded<bf16>(acc.y / total);
   }
   __syncthreads();
 
-  bf16* attention = a.attention + (static_cast<size_t>(b) * a.heads + h) * kValue;
+  // Row g + i kPartRowGroups of W_uv[h] times the part's latent: each thread its vector, then the
+  // kPartVectors threads of the row (lanes of one warp) by a butterfly.
+  float* out = a.attention + (static_cast<size_t>(part) * gridDim.y + b) * a.heads * kValue + h * kValue + g;
 #pragma unroll
-  for (int r = 0; r < kRowsPerWarp; ++r) {
-    float sum = 0.f;
+  for (int i = 0; i < kPartRows; ++i) {
+    float f[8], sum = 0.f;
+    Unpack<bf16>(wv[i], f);
 #pragma unroll
-    for (int k = 0; k < kVectorsPerLane; ++k) {
-      float f[8];
-      Unpack<bf16>(wv[r][k], f);
-      const float* l = latent + (lane + 32 * k) * 8;
+    for (int j = 0; j < 8; ++j) sum = fmaf(f[j], latent[v * 8 + j], sum);
 #pragma unroll
-      for (int j = 0; j < 8; ++j) sum = fmaf(f[j], l[j], sum);
-    }
-    sum = WarpReduce(sum, [](float x, float y) { return x + y; });
-    if (lane == 0) attention[d0 + r] = __float2bfloat16(sum);
+    for (int d = kPartVectors / 2; d > 0; d /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, d);
+    if (v == 0) out[i * kPartRowGroups] = sum;
   }
+}
+
+// Value i of vector b of ProductKernel's input.
+__device__ __forceinline__ float InValue(const ProductArgs& a, int b, int i) {
+  if (a.in != nullptr) return __bfloat162float(a.in[static_cast<size_t>(b) * a.rows + i]);
+  float sum = 0.f;
+#pragma unroll
+  for (int p = 0; p < kParts; ++p) sum += a.parts[(static_cast<size_t>(p) * a.batch + b) * a.rows + i];
+  return Rounded<bf16>(sum);
 }
 
 // Kernels 0 and 4, block (kColumns columns, sequences 2y and 2y + 1 where they exist):
@@ -336,19 +371,42 @@ __global__ void __launch_bounds__(kBlockThreads) ProductKernel(ProductArgs a) {
   const int tid = threadIdx.x, v = tid % (kColumns / 8), g = tid / (kColumns / 8);
   const int b0 = blockIdx.y * kProductSeqs, seqs = min(kProductSeqs, a.batch - b0);
   const int col = blockIdx.x * kColumns, rows = a.rows / kProductGroups;
+  // Thread t's values t, t + kBlockThreads, ... of each vector in[b] and of the norm's weight.
+  constexpr int kSpread = kMlaTokenMaxHidden / kBlockThreads;
+  float values[kProductSeqs][kSpread];
+  bf16 weight[kSpread];
+  const auto load_in = [&] {
+#pragma unroll
+    for (int s = 0; s < kProductSeqs; ++s) {
+#pragma unroll
+      for (int j = 0; j < kSpread; ++j) {
+        const int i = tid + j * kBlockThreads;
+        values[s][j] = s < seqs && i < a.rows ? InValue(a, b0 + s, i) : 0.f;
+      }
+    }
+  };
+  const bool normed = a.norm != nullptr;  // kernel 0: x and the norm are the call's inputs, read at once,
+  if (normed) {                           // before the weights, so that they arrive first
+    load_in();
+#pragma unroll
+    for (int j = 0; j < kSpread; ++j) {
+      const int i = tid + j * kBlockThreads;
+      weight[j] = i < a.rows ? a.norm[i] : __float2bfloat16(0.f);
+    }
+  }
   uint4 wv[kProductRows];
   LoadRows(wv, a.w + static_cast<size_t>(g) * a.cols + col + v * 8, static_cast<size_t>(kProductGroups) * a.cols, rows);
   WaitForPrevious();  // o_proj: the heads' outputs (returns at once where the launch has no dependency)
+  if (!normed) load_in();
   for (int s = 0; s < seqs; ++s) {
-    const bf16* in = a.in + static_cast<size_t>(b0 + s) * a.rows;
     float squares = 0.f;
-    for (int i = tid; i < a.rows; i += kBlockThreads) {
-      x[s][i] = __bfloat162float(in[i]);
-      squares = fmaf(x[s][i], x[s][i], squares);
-    }
-    if (a.norm != nullptr) {
-      const float r = InverseRms<kBlockWarps>(squares, a.rows, a.eps, scratch);
-      for (int i = tid; i < a.rows; i += kBlockThreads) x[s][i] = Normalized(x[s][i], r, a.norm[i]);
+#pragma unroll
+    for (int j = 0; j < kSpread; ++j) squares = fmaf(values[s][j], values[s][j], squares);
+    const float r = normed ? InverseRms<kBlockWarps>(squares, a.rows, a.eps, scratch) : 0.f;
+#pragma unroll
+    for (int j = 0; j < kSpread; ++j) {
+      const int i = tid + j * kBlockThreads;
+      if (i < a.rows) x[s][i] = normed ? Normalized(values[s][j], r, weight[j]) : values[s][j];
     }
   }
   __syncthreads();
@@ -383,7 +441,7 @@ ffi::Error MlaToken(cudaStream_t stream, ffi::Buffer<ffi::BF16> x, ffi::Buffer<f
                     ffi::Result<ffi::Buffer<ffi::BF16>> ckv_out, ffi::Result<ffi::Buffer<ffi::BF16>> kpe_out,
                     ffi::Result<ffi::Buffer<ffi::BF16>> projected, ffi::Result<ffi::Buffer<ffi::BF16>> q_latent,
                     ffi::Result<ffi::Buffer<ffi::BF16>> q_rope, ffi::Result<ffi::Buffer<ffi::F32>> partial,
-                    ffi::Result<ffi::Buffer<ffi::BF16>> attention, float scale, int64_t window, float eps,
+                    ffi::Result<ffi::Buffer<ffi::F32>> attention, float scale, int64_t window, float eps,
                     float latent_eps, bool interleaved) {
   auto bad = [&](const std::string& why) {
     return ffi::Error::InvalidArgument("te_async mla_token: " + why + " (x " + Dims(x.dimensions()) + ", w_in " +
@@ -405,7 +463,7 @@ ffi::Error MlaToken(cudaStream_t stream, ffi::Buffer<ffi::BF16> x, ffi::Buffer<f
       !is(kpe, {layers, batch, max_len, kRope}) || layer.element_count() != 1 || position.element_count() != 1 ||
       !is(*out, {batch, 1, hidden}) || !is(*projected, {batch, 1, width}) ||
       !is(*q_latent, {batch, 1, heads, kLatent}) || !is(*q_rope, {batch, 1, heads, kRope}) ||
-      !is(*partial, {splits, batch, kRows, kLatent + 2}) || !is(*attention, {batch, 1, heads, kValue})) {
+      !is(*partial, {splits, batch, kRows, kLatent + 2}) || !is(*attention, {kParts, batch, heads * kValue})) {
     return bad("shapes: x [B, 1, hidden], norm [hidden], w_in [hidden, H * " + std::to_string(kNope + kRope) +
                " + " + std::to_string(kLatent + kRope) + "], w_kv [H, " + std::to_string(kNope + kValue) + ", " +
                std::to_string(kLatent) + "], wo [H * " + std::to_string(kValue) +
@@ -426,11 +484,12 @@ ffi::Error MlaToken(cudaStream_t stream, ffi::Buffer<ffi::BF16> x, ffi::Buffer<f
   const auto in = [](const ffi::Buffer<ffi::BF16>& b) { return static_cast<const bf16*>(b.untyped_data()); };
   const auto res = [](ffi::Result<ffi::Buffer<ffi::BF16>>& b) { return static_cast<bf16*>(b->untyped_data()); };
   if (PoisonOutputs()) {
-    for (auto* r : {&out, &projected, &q_latent, &q_rope, &attention}) {
+    for (auto* r : {&out, &projected, &q_latent, &q_rope}) {
       TE_ASYNC_CUDA(cudaMemsetAsync((*r)->untyped_data(), 0xff, (*r)->size_bytes(), stream));
     }
+    TE_ASYNC_CUDA(cudaMemsetAsync(attention->untyped_data(), 0xff, attention->size_bytes(), stream));
   }
-  const ProductArgs input{in(x), in(norm), in(w_in), nullptr, res(projected), static_cast<int>(batch),
+  const ProductArgs input{in(x), nullptr, in(norm), in(w_in), nullptr, res(projected), static_cast<int>(batch),
                           static_cast<int>(hidden), static_cast<int>(width), eps};
   const int pairs = static_cast<int>((batch + kProductSeqs - 1) / kProductSeqs);
   ProductKernel<kInputColumns, kInputThreads><<<dim3(width / kInputColumns, pairs), kInputThreads, 0, stream>>>(input);
@@ -452,11 +511,11 @@ ffi::Error MlaToken(cudaStream_t stream, ffi::Buffer<ffi::BF16> x, ffi::Buffer<f
   TE_ASYNC_RETURN_IF_ERROR((decode_attention_kernels::LaunchSplits<0, kSplitWarps>(stream, attend,
                                                                                    static_cast<int>(splits), true)));
 
-  const OutArgs merge{partial->typed_data(), in(w_kv), res(attention), static_cast<int>(heads),
+  const OutArgs merge{partial->typed_data(), in(w_kv), attention->typed_data(), static_cast<int>(heads),
                       static_cast<int>(splits)};
-  TE_ASYNC_RETURN_IF_ERROR(LaunchAfterPrevious(MlaTokenOutKernel, dim3(heads, batch), kOutThreads, merge, stream,
-                                               "launch of MlaTokenOutKernel"));
-  const ProductArgs output{res(attention), nullptr, in(wo), in(x), res(out), static_cast<int>(batch),
+  TE_ASYNC_RETURN_IF_ERROR(LaunchAfterPrevious(MlaTokenOutKernel, dim3(heads * kParts, batch), kOutThreads, merge,
+                                               stream, "launch of MlaTokenOutKernel"));
+  const ProductArgs output{nullptr, attention->typed_data(), nullptr, in(wo), in(x), res(out), static_cast<int>(batch),
                            static_cast<int>(heads * kValue), static_cast<int>(hidden), 0.f};
   return LaunchAfterPrevious(ProductKernel<kOutputColumns, kOutputThreads>, dim3(hidden / kOutputColumns, pairs),
                              kOutputThreads, output, stream, "launch of o_proj's ProductKernel");
@@ -486,7 +545,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(kMlaTokenCuda, MlaToken,
                                   .Ret<ffi::Buffer<ffi::BF16>>()  // q_latent (workspace)
                                   .Ret<ffi::Buffer<ffi::BF16>>()  // q_rope (workspace)
                                   .Ret<ffi::Buffer<ffi::F32>>()   // partial (workspace)
-                                  .Ret<ffi::Buffer<ffi::BF16>>()  // attention: the heads' outputs (workspace)
+                                  .Ret<ffi::Buffer<ffi::F32>>()   // attention: the heads' outputs in parts (workspace)
                                   .Attr<float>("scale")
                                   .Attr<int64_t>("window")
                                   .Attr<float>("eps")

@@ -7,5 +7,8 @@ namespace te_async {
 
 inline constexpr int kMlaTokenHiddenStep = 128;
 inline constexpr int kMlaTokenMaxHidden = 2048;
+// The merge's blocks per head, each a part of the latent columns: the heads' outputs come to o_proj
+// as that many partial sums (the call's workspace output `attention`).
+inline constexpr int kMlaTokenLatentParts = 4;
 
 }  // namespace te_async
