@@ -9,9 +9,9 @@
 //      by side.
 //   1. MlaTokenPrepKernel, block (head h x 64 latent columns, sequence b): the absorbed query
 //      q_latent[h, cols] = q_nope[h] . W_uk[h][:, cols] over wkv_b's key half; the first column
-//      block of each head also rotates the head's rope query, and block (0, b) normalises the new
-//      latent (kv_a_layernorm), rotates the rope key and writes both into the stacked cache at
-//      (layer, b, position), in place (the call's cache outputs alias its inputs).
+//      block of each head also rotates the head's rope query, and one more block per sequence
+//      normalises the new latent (kv_a_layernorm), rotates the rope key and writes both into the
+//      stacked cache at (layer, b, position), in place (the call's cache outputs alias its inputs).
 //   2. DecodeAttentionKernel over the latent cache, one kv head (decode_attention_kernels.cuh), of
 //      8 warps: each key split's unnormalised output with its max and sum.
 //   3. MlaTokenOutKernel, block (head h x latent part, sequence b): the merge of head h's splits into
@@ -138,13 +138,13 @@ struct ProductArgs {
 // Element i of rope part x (dr values) rotated as te_async.models.rope.apply_rope does, in the half
 // layout: x[i] cos[i] - x[i + dr/2] sin[i] in the first half, x[i] cos[i] + x[i - dr/2] sin[i] in
 // the second.
-__device__ __forceinline__ bf16 Rotated(const bf16* x, int i, const PrepArgs& a) {
+__device__ __forceinline__ bf16 Rotated(const bf16* x, int i, const float* cos, const float* sin, bool interleaved) {
   constexpr int kHalf = kRope / 2;
   const auto at = [&](int j) {
-    return __bfloat162float(x[a.interleaved ? (j < kHalf ? 2 * j : 2 * (j - kHalf) + 1) : j]);
+    return __bfloat162float(x[interleaved ? (j < kHalf ? 2 * j : 2 * (j - kHalf) + 1) : j]);
   };
   const float other = i < kHalf ? -at(i + kHalf) : at(i - kHalf);
-  return __float2bfloat16(at(i) * a.cos[i] + other * a.sin[i]);
+  return __float2bfloat16(at(i) * cos[i] + other * sin[i]);
 }
 
 // transformers' RMSNorm (te_async.models.norm): 1 / rms of n values from each thread's sum of
@@ -157,9 +157,22 @@ __device__ __forceinline__ float Normalized(float x, float inverse_rms, bf16 wei
   return Rounded<bf16>(__bfloat162float(weight) * Rounded<bf16>(x * inverse_rms));
 }
 
-// kv_a_layernorm of the new latent and the rotated rope key, into the cache at (layer, b, position).
-__device__ void WriteCacheRow(const PrepArgs& a, const bf16* kv, int b, float* scratch) {
+// The prep's last block of each sequence: kv_a_layernorm of the new latent and the rotated rope key
+// into the cache at (layer, b, position). It reads the call's inputs (the rotation, kv_norm, the
+// layer and position) before it waits for the input projections; the other blocks' absorbed query
+// runs beside it (block (0, b) did both, one after the other).
+__device__ void WriteCacheRow(const PrepArgs& a, int b) {
+  __shared__ float rotation[2][kRope];
+  __shared__ float scratch[kWarps];
   const int tid = threadIdx.x, layer = *a.layer, position = *a.position;
+  if (tid < kRope) rotation[0][tid] = a.cos[tid], rotation[1][tid] = a.sin[tid];
+  bf16 weight[kLatentPerThread];
+#pragma unroll
+  for (int j = 0; j < kLatentPerThread; ++j) weight[j] = a.kv_norm[tid + j * kThreads];
+  __syncthreads();  // `rotation`
+  WaitForPrevious();  // kv_a
+  const bf16* kv = a.projected + static_cast<size_t>(b) * a.width + a.heads * (kNope + kRope);
+  const bf16 rope = tid < kRope ? Rotated(kv + kLatent, tid, rotation[0], rotation[1], a.interleaved) : bf16{};
   float x[kLatentPerThread], squares = 0.f;
 #pragma unroll
   for (int j = 0; j < kLatentPerThread; ++j) {
@@ -171,11 +184,8 @@ __device__ void WriteCacheRow(const PrepArgs& a, const bf16* kv, int b, float* s
   const size_t row = (static_cast<size_t>(layer) * a.batch + b) * a.max_len + position;
   bf16* c = a.ckv + row * kLatent;
 #pragma unroll
-  for (int j = 0; j < kLatentPerThread; ++j) {
-    const int i = tid + j * kThreads;
-    c[i] = __float2bfloat16(Normalized(x[j], r, a.kv_norm[i]));
-  }
-  if (tid < kRope) a.kpe[row * kRope + tid] = Rotated(kv + kLatent, tid, a);
+  for (int j = 0; j < kLatentPerThread; ++j) c[tid + j * kThreads] = __float2bfloat16(Normalized(x[j], r, weight[j]));
+  if (tid < kRope) a.kpe[row * kRope + tid] = rope;
 }
 
 // The prep's and ProductKernel's products of vectors with a weight matrix, by blocks of kColumns:
@@ -241,28 +251,28 @@ __device__ __forceinline__ float ColumnSums(const uint4 (&wv)[kMaxRows], int row
   return total;
 }
 
-// Thread (g, v) loads its rows of the block's W_uk slice before it waits for the input projections.
+// Blocks (h x part, b) for the heads' absorbed queries (and, part 0, the rotated rope query): thread
+// (g, v) loads its rows of the block's W_uk slice before it waits for the input projections. Block
+// (heads x kLatentBlocks, b): WriteCacheRow.
 __global__ void __launch_bounds__(kThreads) MlaTokenPrepKernel(PrepArgs a) {
   StartDependents();
+  const int b = blockIdx.y;
+  if (blockIdx.x == a.heads * kLatentBlocks) return WriteCacheRow(a, b);
   __shared__ float q_nope[kNope];
   __shared__ float sums[kWarps * kLatentColumns];
-  __shared__ float scratch[kWarps];
-  const int h = blockIdx.x / kLatentBlocks, part = blockIdx.x % kLatentBlocks, b = blockIdx.y, tid = threadIdx.x;
+  const int h = blockIdx.x / kLatentBlocks, part = blockIdx.x % kLatentBlocks, tid = threadIdx.x;
   const int v = tid % kColumnVectors, g = tid / kColumnVectors;
   const bf16* w = a.w_kv + (static_cast<size_t>(h) * (kNope + kValue) + g) * kLatent + part * kLatentColumns + v * 8;
   uint4 wv[kRowsPerThread];
   LoadRows(wv, w, kRowGroups * kLatent, kRowsPerThread);
-  WaitForPrevious();  // q and kv_a
+  WaitForPrevious();  // q
   const size_t bh = static_cast<size_t>(b) * a.heads + h;
   const bf16* q = a.projected + static_cast<size_t>(b) * a.width + h * (kNope + kRope);
   if (tid < kNope) q_nope[tid] = __bfloat162float(q[tid]);
   __syncthreads();
   const float sum = ColumnSums<1, kLatentColumns, kThreads>(wv, kRowsPerThread, q_nope, 0, 1, sums);
   if (tid < kLatentColumns) a.q_latent[bh * kLatent + part * kLatentColumns + tid] = __float2bfloat16(sum);
-  if (part == 0 && tid < kRope) a.q_rope[bh * kRope + tid] = Rotated(q + kNope, tid, a);
-  if (h == 0 && part == 0) {
-    WriteCacheRow(a, a.projected + static_cast<size_t>(b) * a.width + a.heads * (kNope + kRope), b, scratch);
-  }
+  if (part == 0 && tid < kRope) a.q_rope[bh * kRope + tid] = Rotated(q + kNope, tid, a.cos, a.sin, a.interleaved);
 }
 
 // Two floats at p by a relaxed load at GPU scope, which ptxas keeps in program order among the
@@ -419,10 +429,12 @@ __global__ void __launch_bounds__(kBlockThreads) ProductKernel(ProductArgs a) {
   }
 }
 
-// kernel<<<grid, threads>>>(args) as a programmatic dependent of the stream's previous kernel.
+// kernel<<<grid, threads>>>(args) as a programmatic dependent of the stream's previous kernel, under the
+// largest shared-memory carveout, as every kernel of the call.
 template <typename Args>
 ffi::Error LaunchAfterPrevious(void (*kernel)(Args), dim3 grid, int threads, const Args& args, cudaStream_t stream,
                                const char* what) {
+  TE_ASYNC_CUDA(PreferMaxSharedMemory(kernel));
   cudaLaunchAttribute attr = ProgrammaticDependency();
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
@@ -492,6 +504,7 @@ ffi::Error MlaToken(cudaStream_t stream, ffi::Buffer<ffi::BF16> x, ffi::Buffer<f
   const ProductArgs input{in(x), nullptr, in(norm), in(w_in), nullptr, res(projected), static_cast<int>(batch),
                           static_cast<int>(hidden), static_cast<int>(width), eps};
   const int pairs = static_cast<int>((batch + kProductSeqs - 1) / kProductSeqs);
+  TE_ASYNC_CUDA(PreferMaxSharedMemory(ProductKernel<kInputColumns, kInputThreads>));
   ProductKernel<kInputColumns, kInputThreads><<<dim3(width / kInputColumns, pairs), kInputThreads, 0, stream>>>(input);
   TE_ASYNC_RETURN_IF_ERROR(CudaStatus(cudaGetLastError(), "launch of the input projections' ProductKernel"));
 
@@ -499,7 +512,7 @@ ffi::Error MlaToken(cudaStream_t stream, ffi::Buffer<ffi::BF16> x, ffi::Buffer<f
                       layer.typed_data(), position.typed_data(), res(ckv_out), res(kpe_out), res(q_latent),
                       res(q_rope), static_cast<int>(batch), static_cast<int>(heads), static_cast<int>(width),
                       static_cast<int>(max_len), static_cast<int>(layers), latent_eps, interleaved};
-  TE_ASYNC_RETURN_IF_ERROR(LaunchAfterPrevious(MlaTokenPrepKernel, dim3(heads * kLatentBlocks, batch), kThreads, prep,
+  TE_ASYNC_RETURN_IF_ERROR(LaunchAfterPrevious(MlaTokenPrepKernel, dim3(heads * kLatentBlocks + 1, batch), kThreads, prep,
                                                stream, "launch of MlaTokenPrepKernel"));
 
   decode_attention_kernels::Args attend{
