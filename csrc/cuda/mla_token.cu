@@ -429,12 +429,10 @@ __global__ void __launch_bounds__(kBlockThreads) ProductKernel(ProductArgs a) {
   }
 }
 
-// kernel<<<grid, threads>>>(args) as a programmatic dependent of the stream's previous kernel, under the
-// largest shared-memory carveout, as every kernel of the call.
+// kernel<<<grid, threads>>>(args) as a programmatic dependent of the stream's previous kernel.
 template <typename Args>
 ffi::Error LaunchAfterPrevious(void (*kernel)(Args), dim3 grid, int threads, const Args& args, cudaStream_t stream,
                                const char* what) {
-  TE_ASYNC_CUDA(PreferMaxSharedMemory(kernel));
   cudaLaunchAttribute attr = ProgrammaticDependency();
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
@@ -504,7 +502,6 @@ ffi::Error MlaToken(cudaStream_t stream, ffi::Buffer<ffi::BF16> x, ffi::Buffer<f
   const ProductArgs input{in(x), nullptr, in(norm), in(w_in), nullptr, res(projected), static_cast<int>(batch),
                           static_cast<int>(hidden), static_cast<int>(width), eps};
   const int pairs = static_cast<int>((batch + kProductSeqs - 1) / kProductSeqs);
-  TE_ASYNC_CUDA(PreferMaxSharedMemory(ProductKernel<kInputColumns, kInputThreads>));
   ProductKernel<kInputColumns, kInputThreads><<<dim3(width / kInputColumns, pairs), kInputThreads, 0, stream>>>(input);
   TE_ASYNC_RETURN_IF_ERROR(CudaStatus(cudaGetLastError(), "launch of the input projections' ProductKernel"));
 

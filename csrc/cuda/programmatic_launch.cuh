@@ -23,17 +23,6 @@ __device__ __forceinline__ void WaitForPrevious() {
 #endif
 }
 
-// Asks that kernel's blocks run under the largest shared-memory carveout. An SM holds blocks only of
-// the carveout it runs under and changes it only when empty; a kernel of little shared memory gets
-// a small one by default, so a dependent that needs much (decode attention's split kernel, 175 KB
-// in mla_token.cu's chain) could not start beside its blocks, only on SMs that had drained, and its
-// loads before the wait did not overlap the kernel before it. Set for every kernel of such a chain.
-template <typename Kernel>
-cudaError_t PreferMaxSharedMemory(Kernel* kernel) {
-  return cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel), cudaFuncAttributePreferredSharedMemoryCarveout,
-                              cudaSharedmemCarveoutMaxShared);
-}
-
 inline cudaLaunchAttribute ProgrammaticDependency() {
   cudaLaunchAttribute attr = {};
   attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
