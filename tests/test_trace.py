@@ -164,6 +164,29 @@ def test_long_gaps_line():
     assert trace.long_gaps_line(iv[:2]) == "1 gap over 5 us, 8.0 us in all; the longest: 8.0 before b"
 
 
+def test_trip_table():
+    """A step of a prologue, five trips of three launches (the second a programmatic dependent that
+    starts before the first ends, one trip slower) and a tail: the trips found with their phase
+    after the boundary's idle, medians from each trip's start; nothing repeated gives (0, [])."""
+    split = ("void te_async::decode_attention_kernels::(anonymous namespace)::DecodeAttentionKernel<512, 64>"
+             "(te_async::decode_attention_kernels::Args)")
+    iv = [("s", 0.0, 3.0, "wrapped_iota"), ("s", 3.0, 1.0, "MemcpyD2D")]
+    for t, slow in enumerate([0.0, 0.0, 4.0, 0.0, 0.0]):
+        t0 = 10.0 + 30.0 * t  # 6 us idle before each trip's first launch
+        iv += [("s", t0, 8.0 + slow, f"input_reduce_fusion_{t}"), ("s", t0 + 2.0, 12.0 + slow, split),
+               ("s", t0 + 15.0 + slow, 5.0, "loop_add_fusion")]
+    iv.append(("s", 200.0, 2.0, "copy_tail"))
+    assert trace.kernel_name(split) == "DecodeAttentionKernel"
+    trips, unit = trace.trip_table(iv)
+    assert trips == 5
+    assert unit == [("input_reduce_fusion", 0.0, 8.0), ("DecodeAttentionKernel", 2.0, 14.0),
+                    ("loop_add_fusion", 15.0, 20.0)]
+    assert trace.trip_table(iv, min_trips=6) == (0, [])
+    assert trace.trip_table(iv[:2]) == (0, [])
+    md = trace.kernel_markdown({"device": iv})
+    assert "One trip (5 in a row, 3 launches each)" in md and "| DecodeAttentionKernel | 2.0 | 14.0 |" in md
+
+
 def test_real_cpu_trace(tmp_path):
     jax = pytest.importorskip("jax")
     f = jax.jit(lambda a: a @ a)

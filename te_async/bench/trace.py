@@ -13,6 +13,7 @@ import math
 import os
 import pathlib
 import re
+import statistics
 
 _GPU = re.compile(r"/device:GPU:(\d+)(?!\d)")
 _CUPTI_API = re.compile(r"^cu(da)?[A-Z]")
@@ -212,7 +213,7 @@ def timeline_intervals(path, device=0, window=None):
             for d in dev if d["end"] > lo and d["start"] < hi]
 
 
-_TE_ASYNC_KERNEL = re.compile(r"te_async::\(anonymous namespace\)::(\w+)")
+_TE_ASYNC_KERNEL = re.compile(r"te_async::(?:\w+::)*\(anonymous namespace\)::(\w+)")
 
 
 def kernel_name(name: str) -> str:
@@ -258,8 +259,43 @@ def long_gaps_line(intervals, most: int = 5) -> str:
     return f"{count} over {LONG_GAP_US:g} us, {sum(g for g, _ in gaps):.1f} us in all; the longest: {longest}"
 
 
+def trip_table(intervals, min_trips: int = 4) -> tuple:
+    """(trips, [(kernel, start_us, end_us)]): the unit of launches that repeats most often back to
+    back in one step's timeline_intervals (a scan's trip: a layer), and for each of its launches
+    the median start and end over the trips, in µs from the trip's first start. Programmatic
+    dependents start before the kernel they wait for ends, so the ends, not the durations, say where
+    a chain's time goes. The unit covers the most launches in at least `min_trips` repeats (the
+    shortest such unit), its first launch the one after the longest idle at its boundary; (0, [])
+    when nothing repeats."""
+    ivs = sorted(intervals, key=lambda iv: iv[1])
+    names = [kernel_name(iv[3]) for iv in ivs]
+    idle = [i for _, _, i in launches(ivs)]
+    best, unit = (0, 0, 0.0), None  # (launches covered, -period, idle before the trips), (period, first, trips)
+    for period in range(1, len(names) // min_trips + 1):
+        # the longest stretch where every name equals the one a period later: (its length) // period + 1 trips
+        longest, first, length = 0, 0, 0
+        for i in range(len(names) - period):
+            length = length + 1 if names[i] == names[i + period] else 0
+            if length > longest:
+                longest, first = length, i - length + 1
+        trips = longest // period + 1
+        if trips < min_trips:
+            continue
+        for start in range(first, first + longest - (trips - 1) * period + 1):  # the unit's phase
+            key = (trips * period, -period, sum(idle[start + t * period] for t in range(trips)))
+            if key > best:
+                best, unit = key, (period, start, trips)
+    if unit is None:
+        return 0, []
+    period, start, trips = unit
+    firsts = [start + t * period for t in range(trips)]
+    return trips, [(names[start + k], statistics.median(ivs[j + k][1] - ivs[j][1] for j in firsts),
+                    statistics.median(ivs[j + k][1] + ivs[j + k][2] - ivs[j][1] for j in firsts))
+                   for k in range(period)]
+
+
 def kernel_markdown(intervals_by_mode, top: int = 25) -> str:
-    """Per mode, the `top` rows of kernel_table and the long gaps' line, as markdown."""
+    """Per mode, the `top` rows of kernel_table, the long gaps' line and trip_table, as markdown."""
     parts = []
     for mode, intervals in intervals_by_mode.items():
         rows = kernel_table(intervals)
@@ -268,6 +304,11 @@ def kernel_markdown(intervals_by_mode, top: int = 25) -> str:
                  f"{sum(r[3] for r in rows):.1f} us idle between them; {long_gaps_line(intervals)}", "",
                  "| kernel | launches | GPU us | share | idle before us |", "|---|---|---|---|---|"]
         lines += [f"| {k} | {n} | {us:.1f} | {us / busy:.0%} | {idle:.1f} |" for k, n, us, idle in rows[:top]]
+        trips, unit = trip_table(intervals)
+        if unit:
+            lines += ["", f"One trip ({trips} in a row, {len(unit)} launches each): median start and end, us "
+                      "from the trip's first start", "", "| kernel | start us | end us |", "|---|---|---|"]
+            lines += [f"| {k} | {start:.1f} | {end:.1f} |" for k, start, end in unit]
         parts.append("\n".join(lines))
     return "\n\n".join(parts) + "\n"
 
