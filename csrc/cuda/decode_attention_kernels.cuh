@@ -181,15 +181,9 @@ template <int I, int kSplitWarps = kWarps>
 ffi::Error LaunchSplits(cudaStream_t stream, const Args& a, int splits, bool after_previous) {
   using S = Shape<I, kSplitWarps>;
   TE_ASYNC_CUDA((AllowSharedMemory<I, kSplitWarps>()));
-  cudaLaunchAttribute attr = ProgrammaticDependency();
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(splits, a.batch * a.kv_heads);
-  config.blockDim = dim3(32 * kSplitWarps);
-  config.dynamicSmemBytes = S::kBytes;
-  config.stream = stream;
-  config.attrs = &attr;
-  config.numAttrs = after_previous ? 1 : 0;
-  return CudaStatus(cudaLaunchKernelEx(&config, S::kKernel, a), "launch of the decode attention's split kernel");
+  return CudaStatus(LaunchDependent(S::kKernel, dim3(splits, a.batch * a.kv_heads), dim3(32 * kSplitWarps), S::kBytes,
+                                    stream, after_previous, a),
+                    "launch of the decode attention's split kernel");
 }
 
 // The merge of shape I's splits, behind the split kernel in the stream.

@@ -433,14 +433,7 @@ __global__ void __launch_bounds__(kBlockThreads) ProductKernel(ProductArgs a) {
 template <typename Args>
 ffi::Error LaunchAfterPrevious(void (*kernel)(Args), dim3 grid, int threads, const Args& args, cudaStream_t stream,
                                const char* what) {
-  cudaLaunchAttribute attr = ProgrammaticDependency();
-  cudaLaunchConfig_t config = {};
-  config.gridDim = grid;
-  config.blockDim = dim3(threads);
-  config.stream = stream;
-  config.attrs = &attr;
-  config.numAttrs = 1;
-  return CudaStatus(cudaLaunchKernelEx(&config, kernel, args), what);
+  return CudaStatus(LaunchDependent(kernel, grid, dim3(threads), 0, stream, true, args), what);
 }
 
 ffi::Error MlaToken(cudaStream_t stream, ffi::Buffer<ffi::BF16> x, ffi::Buffer<ffi::BF16> norm,
@@ -509,8 +502,8 @@ ffi::Error MlaToken(cudaStream_t stream, ffi::Buffer<ffi::BF16> x, ffi::Buffer<f
                       layer.typed_data(), position.typed_data(), res(ckv_out), res(kpe_out), res(q_latent),
                       res(q_rope), static_cast<int>(batch), static_cast<int>(heads), static_cast<int>(width),
                       static_cast<int>(max_len), static_cast<int>(layers), latent_eps, interleaved};
-  TE_ASYNC_RETURN_IF_ERROR(LaunchAfterPrevious(MlaTokenPrepKernel, dim3(heads * kLatentBlocks + 1, batch), kThreads, prep,
-                                               stream, "launch of MlaTokenPrepKernel"));
+  TE_ASYNC_RETURN_IF_ERROR(LaunchAfterPrevious(MlaTokenPrepKernel, dim3(heads * kLatentBlocks + 1, batch), kThreads,
+                                               prep, stream, "launch of MlaTokenPrepKernel"));
 
   decode_attention_kernels::Args attend{
       res(q_latent), res(q_rope), res(ckv_out), res(kpe_out), res(ckv_out), layer.typed_data(),

@@ -1,8 +1,8 @@
-// Programmatic dependent launch (compute capability 9.0 and up). A kernel launched with
-// ProgrammaticDependency() behind another in the same stream may start as soon as every block of
-// that one has called StartDependents() (or ended), so its blocks are scheduled, and may load what
-// does not depend on the previous kernel, while that one still runs; WaitForPrevious() then waits
-// for the previous kernel to end with its writes visible. Kernels chained this way inside one FFI
+// Programmatic dependent launch (compute capability 9.0 and up). A kernel launched by
+// LaunchDependent(..., after_previous = true) behind another in the same stream may start as soon as
+// every block of that one has called StartDependents() (or ended), so its blocks are scheduled, and
+// may load what does not depend on the previous kernel, while that one still runs;
+// WaitForPrevious() then waits for the previous kernel to end with its writes visible. Kernels chained this way inside one FFI
 // call are captured by XLA into one graph node, where the programmatic edges hold.
 #pragma once
 
@@ -23,11 +23,22 @@ __device__ __forceinline__ void WaitForPrevious() {
 #endif
 }
 
-inline cudaLaunchAttribute ProgrammaticDependency() {
+// kernel<<<grid, block, shared_bytes, stream>>>(args...), a programmatic dependent of the stream's
+// previous kernel where after_previous.
+template <typename... Params, typename... Args>
+cudaError_t LaunchDependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream,
+                            bool after_previous, const Args&... args) {
   cudaLaunchAttribute attr = {};
   attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr.val.programmaticStreamSerializationAllowed = 1;
-  return attr;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = shared_bytes;
+  config.stream = stream;
+  config.attrs = &attr;
+  config.numAttrs = after_previous ? 1 : 0;
+  return cudaLaunchKernelEx(&config, kernel, args...);
 }
 
 }  // namespace te_async

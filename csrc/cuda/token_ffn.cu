@@ -437,17 +437,12 @@ ffi::Error Poison(cudaStream_t stream, std::initializer_list<std::pair<void*, si
 // TokenFfnKernel over a.items blocks; after_routing: a programmatic dependent launch behind
 // RouteTokenKernel (compute capability 9.0 and up).
 ffi::Error LaunchFfn(const TokenFfnArgs& a, ffi::DataType type, bool after_routing, cudaStream_t stream) {
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(a.items));
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = FfnSharedBytes(a.hidden, a.units);
-  config.stream = stream;
-  cudaLaunchAttribute attr = ProgrammaticDependency();
-  config.attrs = &attr;
-  config.numAttrs = after_routing ? 1 : 0;
-  const cudaError_t status = type == ffi::DataType::BF16
-                                 ? cudaLaunchKernelEx(&config, TokenFfnKernel<__nv_bfloat16>, a)
-                                 : cudaLaunchKernelEx(&config, TokenFfnKernel<__half>, a);
+  const auto launch = [&](auto kernel) {
+    return LaunchDependent(kernel, dim3(static_cast<unsigned>(a.items)), dim3(kThreads),
+                           FfnSharedBytes(a.hidden, a.units), stream, after_routing, a);
+  };
+  const cudaError_t status = type == ffi::DataType::BF16 ? launch(TokenFfnKernel<__nv_bfloat16>)
+                                                         : launch(TokenFfnKernel<__half>);
   return CudaStatus(status, "launch of TokenFfnKernel");
 }
 
