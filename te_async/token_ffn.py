@@ -8,11 +8,11 @@ more GEMMs. Here every output unit u of an expert (gate column u, linear column 
 needs only the token, so the kernel gives each thread block a block of units of one expert and
 runs fc1, the activation and fc2 for it alone: one launch with no grid-wide barrier. Expert ids
 and routing weights are read on the GPU (from te_async.routing.route), so a step stays one CUDA
-graph. Each block writes its float32 partial of the output; the sum over blocks is an XLA reduction
-(a kernel of its own on an H200: 2.0 us per layer in bench decode's profile; a sum inside the
-kernel, by the last block of each group of items and then the last group, measured slower: 46.8
-against 39.0 us per layer in the whole model's B=1 step, docs/benchmarks.md, table TM).
-te_async.token_moe runs the same kernel behind the norm and the routing.
+graph. Each block writes its float32 partial of the output; a second kernel of the call, a
+programmatic dependent of the first, sums them in a fixed order and rounds to x's dtype (it
+replaced an XLA reduction and conversion; a sum inside the first kernel, by the last block of each
+group of items and then the last group, measured slower: docs/benchmarks.md, table TM).
+te_async.token_moe runs the same kernels behind the norm and the routing.
 
 On an H200 (docs/benchmarks.md, table TF) it runs DeepSeek-V2-Lite's routed and shared experts at
 one token 1.31x faster than the four kernels it replaces (43.9 against 57.6 us per layer, with the
@@ -131,11 +131,13 @@ def _weights(routed, shared):
 
 
 def plan_call(x: jax.Array, top_k: int, ffn: int, shared_ffn: int) -> tuple:
-    """(units per block, the kernel's output: float32 [items, H], each item's partial) of a call on x [1, H]."""
+    """(units per block, the call's outputs: y [1, H] in x's dtype and the float32 [items, H] partials
+    it sums, each item's) of a call on x [1, H]."""
     # The fewest SMs of the local GPUs; without a GPU (the kernel's branch is traced, never run) any.
     sms = min(s for _, s in plan.local_gpu_kinds()) if _ffi.gpu_present() else 1
     units = plan_units(top_k, ffn, shared_ffn, x.shape[1], sms)
-    return units, jax.ShapeDtypeStruct((blocks(top_k, ffn, shared_ffn, units), x.shape[1]), jnp.float32)
+    partials = jax.ShapeDtypeStruct((blocks(top_k, ffn, shared_ffn, units), x.shape[1]), jnp.float32)
+    return units, (jax.ShapeDtypeStruct(x.shape, x.dtype), partials)
 
 
 def _kernel(x, routed, shared):
@@ -149,8 +151,8 @@ def _kernel(x, routed, shared):
                                 else shared)
     scale = jnp.ones((1,), jnp.float32) if scale is None else scale.reshape(1).astype(jnp.float32)
     units, out = plan_call(x, experts.shape[0], w_fc2.shape[1], w_down.shape[0])
-    partial = jax.ffi.ffi_call(TOKEN_FFN, out)(x, w_fc1, w_fc2, experts, weights, w_gate_up, w_down, scale, units=units)
-    return partial.sum(axis=0, keepdims=True).astype(x.dtype)
+    y, _ = jax.ffi.ffi_call(TOKEN_FFN, out)(x, w_fc1, w_fc2, experts, weights, w_gate_up, w_down, scale, units=units)
+    return y
 
 
 def _swiglu(x, w_gate_up, w_down):

@@ -7,9 +7,9 @@ seven kernels, each a few µs of fixed latency. Here the norm, the router GEMM a
 one kernel (a thread-block cluster of 8 blocks, each a slice of the router's rows), and
 te_async.token_ffn's kernel is launched behind it as a programmatic dependent launch (compute
 capability 9.0 and up): it normalises x itself and runs the shared experts' blocks while the
-routing runs, the routed blocks once it is done. Both are one FFI call; the sum over the blocks'
-partials and the residual add are XLA's. Expert ids and weights stay on the GPU, so a step stays
-one CUDA graph.
+routing runs, the routed blocks once it is done; token_ffn's second kernel sums the blocks'
+partials and adds the residual. All three are one FFI call. Expert ids and weights stay on the
+GPU, so a step stays one CUDA graph.
 
 The arithmetic is the unfused path's: the norm in float32 (Norm.round_first says which rounding,
 transformers' or te_async.mlp.normalize's), the router logits in float32 from the normalised x as
@@ -137,11 +137,11 @@ def _kernel(x, scale, router, w_fc1, w_fc2, shared, s: _Static):
                          else (shared.w_gate_up, shared.w_down))
     units, out = token_ffn.plan_call(x, s.top_k, w_fc2.shape[1], w_down.shape[0])
     routing = (jax.ShapeDtypeStruct((1, s.top_k), jnp.float32), jax.ShapeDtypeStruct((1, s.top_k), jnp.int32))
-    partial, weights, experts = jax.ffi.ffi_call(TOKEN_MOE, (out,) + routing)(
+    y, _, weights, experts = jax.ffi.ffi_call(TOKEN_MOE, out + routing)(
         x, scale, router, w_fc1, w_fc2, w_gate_up, w_down, units=units, top_k=s.top_k, n_group=s.n_group,
         topk_group=s.topk_group, renormalize=s.renormalize, scaling=np.float32(s.scaling), eps=np.float32(s.eps),
-        round_first=s.round_first, router_reads_normed=s.reads_normed)
-    return _finish(x, partial.sum(axis=0, keepdims=True), s.residual), weights, experts
+        round_first=s.round_first, router_reads_normed=s.reads_normed, residual=s.residual)
+    return y, weights, experts
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(6,))

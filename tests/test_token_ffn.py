@@ -133,6 +133,19 @@ def test_kernel_against_float64(rng, case, dtype):
 
 
 @pytest.mark.gpu
+def test_kernel_sums_more_items_than_a_reduce_block_has_threads(rng, monkeypatch):
+    """8 units a block: 378 partials, so the reduce kernel's threads take two items each."""
+    case = dict(hidden=264, experts=5, ffn=1000, top_k=3, shared_ffn=24)
+    x, routed, shared = make(rng, **case, gated=True)
+    monkeypatch.setattr(tf, "plan_units", lambda *args: 8)
+    assert tf.plan_call(x, 3, 1000, 24)[1][1].shape == (378, 264)
+    fn = jax.jit(tf._kernel)  # the kernel's branch itself: platform_dependent keeps the branches it traced
+    y = fn(x, routed, shared)
+    assert rel_error(y, reference(x, routed, shared)) < TOL[jnp.bfloat16]
+    assert np.array_equal(np.asarray(fn(x, routed, shared)), np.asarray(y))
+
+
+@pytest.mark.gpu
 def test_kernel_repeated_expert_and_routing_kernel(rng):
     """Two choices of one expert; and the routing kernel's experts and weights read on the GPU."""
     x, routed, shared = make(rng, hidden=256, experts=16, ffn=64, top_k=4, shared_ffn=128, repeat=True)

@@ -3,11 +3,12 @@
 // step a feed-forward's time is the read of its weights, and every launch between its GEMMs costs
 // fixed latency; here each output unit u of an expert (gate column u, linear column u and row u of
 // fc2) depends on nothing but x, so a block can run fc1, the activation and fc2 of a block of units
-// without waiting for any other block. There is no grid barrier, no workspace, no atomics.
+// without waiting for any other block: no grid barrier, no atomics, each block writes a partial
+// output of its own.
 //
-// Two FFI calls:
-// - te_async_token_ffn: TokenFfnKernel alone, on an x that is already normalised, with the
-//   experts and weights of an earlier routing.
+// Two FFI calls, each ending in ReducePartialsKernel (below), which sums the blocks' partials:
+// - te_async_token_ffn: TokenFfnKernel, on an x that is already normalised, with the experts and
+//   weights of an earlier routing.
 // - te_async_token_moe: a decoder's MoE block for one token, moe(rmsnorm(x)) routed in the call:
 //   RouteTokenKernel (the norm, the router GEMM with its rows split over a thread-block cluster
 //   of kRouteSlices blocks, each writing its partial logits into rank 0's shared memory, where
@@ -16,8 +17,8 @@
 //   TokenFfnKernel, which normalises x itself (the same code, so the same values). On compute
 //   capability 9.0 and up the second is a programmatic dependent launch: the first triggers it
 //   at once, so its blocks load x and the shared experts' blocks run while the routing runs; a
-//   routed block waits (cudaGridDependencySynchronize) before it reads its expert. Both kernels
-//   are in one call, so XLA captures them into one graph node, where the programmatic edge holds.
+//   routed block waits (cudaGridDependencySynchronize) before it reads its expert. The kernels
+//   are in one call, so XLA captures them into one graph node, where the programmatic edges hold.
 //
 // TokenFfnKernel. Work items: the units of each source (the shared experts, then routed choice c
 // of the top-k) cut into blocks of `units` (a multiple of 8, planned in Python:
@@ -37,9 +38,15 @@
 //      path rounds them (grouped_mlp: fc1 writes x's dtype; te_async.mlp.activate).
 //   4. fc2: rows u0 .. u0 + units of w_fc2 [F, H] (contiguous) times a, the same way, and the
 //      item's f32 partial output, times the routing weight (or the shared scale), goes to
-//      out[i, :]. The caller sums out over items (an XLA reduction: a sum inside the kernel, by
-//      the last block of each group of items and then the last group, measured slower, 46.8
-//      against 39.0 us per layer in the whole model's B=1 step; docs/benchmarks.md).
+//      partial[i, :].
+// ReducePartialsKernel then sums partial over the items for 8 columns a block (one load of every
+// item's 32 bytes a thread, then a fixed tree: repeated runs give the same bits), rounds to x's
+// dtype and, in the MoE call, adds the residual x. It is a programmatic dependent of
+// TokenFfnKernel (compute capability 9.0 and up), so its blocks are resident and have read x when
+// the last expert block ends; it replaced XLA's sum, convert and add (three kernels of their own,
+// 4.3 us a layer in the B=1 step's profile, docs/benchmarks.md). A sum inside TokenFfnKernel, by
+// the last block of each group of items and then the last group, measured slower than XLA's
+// (46.8 against 39.0 us a layer in the whole model's B=1 step).
 // An expert id outside [0, E) cannot be raised inside a graph: that item's row of out is NaN, so
 // the token's output is NaN.
 #include <cuda_bf16.h>
@@ -114,6 +121,16 @@ struct RouteTokenArgs {
   float* weights;            // [k]
   int32_t* experts;          // [k]
 };
+
+struct ReduceArgs {
+  const float* partial;      // [items, H], TokenFfnKernel's
+  const void* x;             // [H], the residual where `residual`
+  void* out;                 // [H], x's dtype
+  int items, hidden;
+  bool residual;
+};
+
+constexpr int kReduceColumns = 8;  // columns of a ReducePartialsKernel block: 32 bytes of each item
 
 constexpr size_t FfnSharedBytes(int hidden, int units) {
   return sizeof(float) * (hidden + 3 * units + kNormLanes + 1 + kThreads * kVec);
@@ -322,6 +339,7 @@ __global__ void __launch_bounds__(kThreads) RouteTokenKernel(RouteTokenArgs a) {
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm) TokenFfnKernel(TokenFfnArgs a) {
+  StartDependents();  // ReducePartialsKernel's blocks may take the SMs' free slots and read x
   extern __shared__ float smem[];
   float* xs = smem;                    // [H]
   float* h = xs + a.hidden;            // [2 * units]: gate sums, then linear sums
@@ -362,6 +380,36 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) TokenFfnKernel(TokenFf
       [=](int col, float s) { out[col] = scale * s; });
 }
 
+// out[c] = round(sum over items of partial[item][c]), plus x[c] rounded again where residual (as
+// x + round(y) in x's dtype is), for kReduceColumns columns c a block. Thread t adds items t,
+// t + kThreads, ... in order, each warp its lanes by an xor butterfly, then the warps in order.
+template <typename T>
+__global__ void __launch_bounds__(kThreads) ReducePartialsKernel(ReduceArgs a) {
+  __shared__ float warp_sums[kThreads / 32][kReduceColumns];
+  const int c0 = blockIdx.x * kReduceColumns, tid = threadIdx.x;
+  const float residual = a.residual && tid < kReduceColumns ? ToFloat<T>(static_cast<const T*>(a.x)[c0 + tid]) : 0.f;
+  WaitForPrevious();  // TokenFfnKernel's partials
+  float s[kReduceColumns] = {};
+  for (int i = tid; i < a.items; i += kThreads) {
+    const float4* p = reinterpret_cast<const float4*>(a.partial + static_cast<long long>(i) * a.hidden + c0);
+    const float4 lo = p[0], hi = p[1];
+    const float v[kReduceColumns] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+#pragma unroll
+    for (int j = 0; j < kReduceColumns; ++j) s[j] += v[j];
+  }
+#pragma unroll
+  for (int j = 0; j < kReduceColumns; ++j) {
+    const float w = WarpSum(s[j]);
+    if (tid % 32 == 0) warp_sums[tid / 32][j] = w;
+  }
+  __syncthreads();
+  if (tid >= kReduceColumns) return;
+  float y = warp_sums[0][tid];
+  for (int w = 1; w < kThreads / 32; ++w) y += warp_sums[w][tid];
+  y = Rounded<T>(y);
+  static_cast<T*>(a.out)[c0 + tid] = FromFloat<T>(a.residual ? residual + y : y);
+}
+
 bool HasDims(const ffi::AnyBuffer& b, std::initializer_list<int64_t> dims) {
   const auto d = b.dimensions();
   return d.size() == dims.size() && std::equal(dims.begin(), dims.end(), d.begin());
@@ -370,8 +418,9 @@ bool HasDims(const ffi::AnyBuffer& b, std::initializer_list<int64_t> dims) {
 // The feed-forward's operands, checked, as TokenFfnKernel's arguments (the norm left to the
 // caller); `bad` words the error. k: the routed choices (0: none).
 ffi::ErrorOr<TokenFfnArgs> FfnArgs(ffi::AnyBuffer x, ffi::AnyBuffer w1, ffi::AnyBuffer w2, int64_t k,
-                                   ffi::AnyBuffer shared_w1, ffi::AnyBuffer shared_w2, ffi::AnyBuffer out,
-                                   int64_t units, const std::function<ffi::Error(const std::string&)>& bad) {
+                                   ffi::AnyBuffer shared_w1, ffi::AnyBuffer shared_w2, ffi::AnyBuffer y,
+                                   ffi::AnyBuffer out, int64_t units,
+                                   const std::function<ffi::Error(const std::string&)>& bad) {
   auto fail = [&](const std::string& why) { return ffi::Unexpected(bad(why)); };
   const auto xd = x.dimensions(), d1 = w1.dimensions(), d2 = w2.dimensions();
   const auto s1 = shared_w1.dimensions(), s2 = shared_w2.dimensions();
@@ -400,6 +449,7 @@ ffi::ErrorOr<TokenFfnArgs> FfnArgs(ffi::AnyBuffer x, ffi::AnyBuffer w1, ffi::Any
   const int64_t per_choice = k > 0 ? CeilDiv(ffn, units) : 0, shared_items = CeilDiv(shared_ffn, units);
   const int64_t items = k * per_choice + shared_items;
   if (items < 1) return fail("nothing to compute: no routed choices and no shared experts");
+  if (y.element_type() != type || !HasDims(y, {1, hidden})) return fail("y must be [1, H] in x's dtype");
   if (out.element_type() != ffi::DataType::F32 || !HasDims(out, {items, hidden})) {
     return fail("out must be float32 [items, H] with items = k * ceil(F / units) + ceil(Fs / units) = " +
                 std::to_string(items));
@@ -434,22 +484,38 @@ ffi::Error Poison(cudaStream_t stream, std::initializer_list<std::pair<void*, si
   return ffi::Error::Success();
 }
 
-// TokenFfnKernel over a.items blocks; after_routing: a programmatic dependent launch behind
-// RouteTokenKernel (compute capability 9.0 and up).
-ffi::Error LaunchFfn(const TokenFfnArgs& a, ffi::DataType type, bool after_routing, cudaStream_t stream) {
-  const auto launch = [&](auto kernel) {
-    return LaunchDependent(kernel, dim3(static_cast<unsigned>(a.items)), dim3(kThreads),
-                           FfnSharedBytes(a.hidden, a.units), stream, after_routing, a);
+// Whether the device takes programmatic dependent launches (compute capability 9.0 and up).
+ffi::ErrorOr<bool> ProgrammaticLaunches() {
+  int device = 0;
+  if (const cudaError_t status = cudaGetDevice(&device); status != cudaSuccess) {
+    return ffi::Unexpected(CudaStatus(status, "cudaGetDevice"));
+  }
+  auto info = QueryDevice(device);
+  if (info.has_error()) return ffi::Unexpected(info.error());
+  return info->compute_capability >= 90;
+}
+
+// TokenFfnKernel over a.items blocks (a programmatic dependent of RouteTokenKernel where
+// after_routing), then ReducePartialsKernel into y [H] (of TokenFfnKernel where programmatic).
+ffi::Error LaunchFfn(const TokenFfnArgs& a, ffi::DataType type, bool after_routing, bool programmatic, void* y,
+                     bool residual, cudaStream_t stream) {
+  const ReduceArgs r{a.out, a.x, y, a.items, a.hidden, residual};
+  const auto launch = [&](auto ffn, auto reduce) {
+    TE_ASYNC_RETURN_IF_ERROR(CudaStatus(LaunchDependent(ffn, dim3(static_cast<unsigned>(a.items)), dim3(kThreads),
+                                                        FfnSharedBytes(a.hidden, a.units), stream, after_routing, a),
+                                        "launch of TokenFfnKernel"));
+    return CudaStatus(LaunchDependent(reduce, dim3(static_cast<unsigned>(a.hidden / kReduceColumns)), dim3(kThreads), 0,
+                                      stream, programmatic, r),
+                      "launch of ReducePartialsKernel");
   };
-  const cudaError_t status = type == ffi::DataType::BF16 ? launch(TokenFfnKernel<__nv_bfloat16>)
-                                                         : launch(TokenFfnKernel<__half>);
-  return CudaStatus(status, "launch of TokenFfnKernel");
+  return type == ffi::DataType::BF16 ? launch(TokenFfnKernel<__nv_bfloat16>, ReducePartialsKernel<__nv_bfloat16>)
+                                     : launch(TokenFfnKernel<__half>, ReducePartialsKernel<__half>);
 }
 
 ffi::Error TokenFfn(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer w1, ffi::AnyBuffer w2,
                     ffi::Buffer<ffi::S32> experts, ffi::Buffer<ffi::F32> weights, ffi::AnyBuffer shared_w1,
-                    ffi::AnyBuffer shared_w2, ffi::Buffer<ffi::F32> shared_scale, ffi::Result<ffi::AnyBuffer> out,
-                    int64_t units) {
+                    ffi::AnyBuffer shared_w2, ffi::Buffer<ffi::F32> shared_scale, ffi::Result<ffi::AnyBuffer> y,
+                    ffi::Result<ffi::AnyBuffer> out, int64_t units) {
   auto bad = [&](const std::string& what) {
     return ffi::Error::InvalidArgument("te_async token_ffn: " + what + " (x " + Dims(x) + ", w_fc1 " + Dims(w1) +
                                        ", w_fc2 " + Dims(w2) + ", shared w_gate_up " + Dims(shared_w1) +
@@ -458,13 +524,15 @@ ffi::Error TokenFfn(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer w1, ff
   const int64_t k = experts.element_count();
   if (weights.element_count() != k) return bad("experts and weights must have k entries");
   if (shared_scale.element_count() != 1) return bad("shared_scale must have one entry");
-  auto a = FfnArgs(x, w1, w2, k, shared_w1, shared_w2, *out, units, bad);
+  auto a = FfnArgs(x, w1, w2, k, shared_w1, shared_w2, *y, *out, units, bad);
   if (a.has_error()) return a.error();
   a->experts = experts.typed_data();
   a->weights = weights.typed_data();
   a->shared_scale = shared_scale.typed_data();
-  TE_ASYNC_RETURN_IF_ERROR(Poison(stream, {{out->untyped_data(), out->size_bytes()}}));
-  return LaunchFfn(*a, x.element_type(), false, stream);
+  const auto programmatic = ProgrammaticLaunches();
+  if (programmatic.has_error()) return programmatic.error();
+  TE_ASYNC_RETURN_IF_ERROR(Poison(stream, {{y->untyped_data(), y->size_bytes()}, {out->untyped_data(), out->size_bytes()}}));
+  return LaunchFfn(*a, x.element_type(), false, *programmatic, y->untyped_data(), false, stream);
 }
 
 template <typename T>
@@ -488,17 +556,17 @@ ffi::Error LaunchRoute(const RouteTokenArgs& r, bool router_f32, bool hopper, si
 
 ffi::Error TokenMoe(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer norm_scale, ffi::AnyBuffer router,
                     ffi::AnyBuffer w1, ffi::AnyBuffer w2, ffi::AnyBuffer shared_w1, ffi::AnyBuffer shared_w2,
-                    ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::Buffer<ffi::F32>> weights,
-                    ffi::Result<ffi::Buffer<ffi::S32>> experts, int64_t units, int64_t top_k, int64_t n_group,
-                    int64_t topk_group, bool renormalize, float scaling, float eps, bool round_first,
-                    bool router_reads_normed) {
+                    ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> out,
+                    ffi::Result<ffi::Buffer<ffi::F32>> weights, ffi::Result<ffi::Buffer<ffi::S32>> experts,
+                    int64_t units, int64_t top_k, int64_t n_group, int64_t topk_group, bool renormalize, float scaling,
+                    float eps, bool round_first, bool router_reads_normed, bool residual) {
   auto bad = [&](const std::string& what) {
     return ffi::Error::InvalidArgument("te_async token_moe: " + what + " (x " + Dims(x) + ", norm scale " +
                                        Dims(norm_scale) + ", router " + Dims(router) + ", w_fc1 " + Dims(w1) +
                                        ", w_fc2 " + Dims(w2) + ", shared w_gate_up " + Dims(shared_w1) +
                                        ", shared w_down " + Dims(shared_w2) + ")");
   };
-  auto a = FfnArgs(x, w1, w2, top_k, shared_w1, shared_w2, *out, units, bad);
+  auto a = FfnArgs(x, w1, w2, top_k, shared_w1, shared_w2, *y, *out, units, bad);
   if (a.has_error()) return a.error();
   const int64_t hidden = a->hidden, num_experts = a->num_experts;
   if (num_experts < 1 || num_experts > kRouteMaxExperts || num_experts % kVec != 0) {
@@ -537,19 +605,18 @@ ffi::Error TokenMoe(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer norm_s
                          static_cast<int>(hidden),
                          weights->typed_data(),
                          experts->typed_data()};
-  TE_ASYNC_RETURN_IF_ERROR(Poison(stream, {{out->untyped_data(), out->size_bytes()},
+  TE_ASYNC_RETURN_IF_ERROR(Poison(stream, {{y->untyped_data(), y->size_bytes()},
+                                           {out->untyped_data(), out->size_bytes()},
                                            {weights->untyped_data(), weights->size_bytes()},
                                            {experts->untyped_data(), experts->size_bytes()}}));
-  int device = 0;
-  TE_ASYNC_CUDA(cudaGetDevice(&device));
-  auto info = QueryDevice(device);
-  if (info.has_error()) return info.error();
-  const bool hopper = info->compute_capability >= 90, router_f32 = router_type == ffi::DataType::F32;
+  const auto programmatic = ProgrammaticLaunches();
+  if (programmatic.has_error()) return programmatic.error();
+  const bool hopper = *programmatic, router_f32 = router_type == ffi::DataType::F32;
   const size_t smem = RouteSharedBytes(static_cast<int>(hidden), static_cast<int>(num_experts));
   TE_ASYNC_RETURN_IF_ERROR(x.element_type() == ffi::DataType::BF16
                                ? LaunchRoute<__nv_bfloat16>(r, router_f32, hopper, smem, stream)
                                : LaunchRoute<__half>(r, router_f32, hopper, smem, stream));
-  return LaunchFfn(*a, x.element_type(), hopper, stream);
+  return LaunchFfn(*a, x.element_type(), hopper, hopper, y->untyped_data(), residual, stream);
 }
 
 static_assert(FfnSharedBytes(kMaxHidden, kMaxUnits) <= 48 * 1024, "dynamic shared memory past the default limit");
@@ -569,6 +636,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(kTokenFfnCuda, TokenFfn,
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
                                   .Attr<int64_t>("units"),
                               {ffi::Traits::kCmdBufferCompatible});
 
@@ -583,6 +651,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(kTokenMoeCuda, TokenMoe,
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::S32>>()
                                   .Attr<int64_t>("units")
@@ -593,7 +662,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(kTokenMoeCuda, TokenMoe,
                                   .Attr<float>("scaling")
                                   .Attr<float>("eps")
                                   .Attr<bool>("round_first")
-                                  .Attr<bool>("router_reads_normed"),
+                                  .Attr<bool>("router_reads_normed")
+                                  .Attr<bool>("residual"),
                               {ffi::Traits::kCmdBufferCompatible});
 
 }  // namespace te_async
