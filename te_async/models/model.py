@@ -35,10 +35,13 @@ _STATIC = ("config", "group_sizes_mode", "experts")
 # The batches at which generate writes its decode steps' layers out. DeepSeek-V2-Lite, 4096 cached
 # tokens, device mode, one H200, generate's loop p50, unrolled against scanned (docs/benchmarks.md,
 # table G4): B=1 0.92x, 2 0.99x, 4 1.09x, 8 1.15x, 32 1.06x; re-measured at B=2 (table AP) 0.94x
-# with XLA's attention and 0.97x with the decode attention kernel. Up to 16 the routed experts run
-# the same kernel (small_groups) whether CUTLASS is built or not; B=32 ran it in a build without
-# CUTLASS, where a CUTLASS build runs CUTLASS, so the range stops at 16 until that is measured.
-UNROLL_BATCHES = range(4, 17)
+# with XLA's attention and 0.97x with the decode attention kernel. Since the MLA and MoE calls
+# (167b083, table UN) B=1 measured 1.02x unrolled (a scan trip's loop counter, a copy and an add
+# in kernels of their own, costs about 5 us a layer) and B=2 level, so B=2 stays scanned. Up to 16
+# the routed experts run the same kernel (small_groups) whether CUTLASS is built or not; B=32 ran
+# it in a build without CUTLASS, where a CUTLASS build runs CUTLASS, so the range stops at 16 until
+# that is measured.
+UNROLL_BATCHES = (1,) + tuple(range(4, 17))
 
 
 def _embed(embed: jax.Array, tokens: jax.Array) -> jax.Array:
@@ -261,7 +264,7 @@ def unrolls(batch: int, group_sizes_mode: Optional[str] = None, experts: str = "
     """Whether generate's decode steps write their layers out (one CUDA graph per step, which
     XLA replays as it is in generate's donated loop) rather than scan them (a graph per scan trip,
     whose operands move with the trip): in UNROLL_BATCHES, where that measured faster, and in
-    device mode (the default), the only one measured. At one or two sequences the scan was faster."""
+    device mode (the default), the only one measured. At two sequences the scan was faster."""
     return batch in UNROLL_BATCHES and experts == "te_async" and group_sizes_mode in (None, "device")
 
 
