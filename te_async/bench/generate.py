@@ -51,8 +51,10 @@ host dispatches step n + 1 while the GPU runs step n, so the host's time per ste
 it is shorter than the GPU's (in a profiled DeepSeek-V2-Lite step at B=1, about 0.3 ms before
 the first kernel and 0.15-0.2 ms after the last, of a 3.4 ms blocked step).
 
-GPU idle. A few more steps under jax.profiler, measured with trace.py's bubble meter as the decode
-benchmark does: (span - busy) / span of the median profiled step. The CLI adds
+GPU idle. A few more steps of generate's loop under jax.profiler, each blocked on, measured with
+trace.py's bubble meter as the decode benchmark does: (span - busy) / span of the median profiled
+step. So the profile shows the step generate runs (at B=1, since 0e9ee4c, the layers written out:
+no scan trips). The CLI adds
 --xla_enable_command_buffers_during_profiling=true to XLA_FLAGS (unless they name that flag), so
 that a profiled step keeps the CUDA graphs of the timed ones.
 
@@ -213,19 +215,19 @@ def run_mode(params, config, mode: str, batch: int, *, context: int, prompt_len:
         times.append(time.perf_counter() - t0)
         routing.append(chosen)
     p50, p99 = np.percentile(times, [50, 99])
-    loop_s, cache = time_generate_loop(params, config, mode, cache, greedy_tokens(logits), positions[check], steps)
+    loop_s, loop_step, state = time_generate_loop(params, config, mode, cache, greedy_tokens(logits),
+                                                  positions[check], steps)
     row.update(p50_ms=1e3 * p50, p99_ms=1e3 * p99, mean_ms=1e3 * float(np.mean(times)), min_ms=1e3 * min(times),
                steps=steps, tokens_per_s=batch / p50, generate_loop_ms=1e3 * loop_s,
                generate_loop_tokens_per_s=batch / loop_s, active_experts_per_layer=count_active_experts(routing))
 
     window = None
     if profile_dir is not None:
-        state = [cache]
-        del cache
+        state = [state]
 
         def profiled_step(j):
-            logits, state[0], _ = step(state[0], tokens[steps + j], positions[check + steps + j])
-            return logits
+            state[0] = loop_step(state[0])
+            return state[0].tokens
 
         fields, window = timing.profile_steps(profiled_step, profile_dir, steps=PROFILED_STEPS, annotation=ANNOTATION)
         row.update(fields)
@@ -233,16 +235,16 @@ def run_mode(params, config, mode: str, batch: int, *, context: int, prompt_len:
 
 
 def time_generate_loop(params, config, mode: str, cache, first: jax.Array, start, steps: int) -> tuple:
-    """(seconds per token, cache) of `steps` steps of models.generate's loop from position `start`
-    (the module docstring): one step to compile, then steps - 1 dispatched back to back and blocked
-    on once."""
+    """(seconds per token, the loop's step, its state) of `steps` steps of models.generate's loop from
+    position `start` (the module docstring): one step to compile, then steps - 1 dispatched back to
+    back and blocked on once. The state has room for PROFILED_STEPS more."""
     step = functools.partial(_greedy_step, params, config, **MODES[mode], unroll=unrolls(first.shape[0], **MODES[mode]))
-    state = jax.block_until_ready(step(_GreedyState.first(cache, first, start, steps + 1)))
+    state = jax.block_until_ready(step(_GreedyState.first(cache, first, start, steps + 1 + PROFILED_STEPS)))
     t0 = time.perf_counter()
     for _ in range(steps - 1):
         state = step(state)
     jax.block_until_ready(state)
-    return (time.perf_counter() - t0) / (steps - 1), state.cache
+    return (time.perf_counter() - t0) / (steps - 1), step, state
 
 
 # ------------------------------------------------------------------------------------ the sweep
