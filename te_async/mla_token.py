@@ -21,7 +21,7 @@ where it applies and B <= AUTO_MAX_BATCH, "unfused" and "te_async" (mla_decode's
 never do.
 """
 
-from typing import Optional, Sequence, Union
+from typing import Optional, Union
 
 import jax
 import jax.numpy as jnp
@@ -68,7 +68,7 @@ def takes(x: jax.Array, w_in: jax.Array, w_kv: jax.Array, wo: jax.Array, ckv: ja
 def mla_token_block(x: jax.Array, norm: jax.Array, w_in: jax.Array, kv_norm: jax.Array, w_kv: jax.Array,
                     wo: jax.Array, cos: jax.Array, sin: jax.Array, ckv: jax.Array, kpe: jax.Array, position,
                     layer: Union[int, jax.Array] = 0, *, eps: float, latent_eps: float, scale: float,
-                    interleaved: bool, window: Optional[int] = None, prefetch: Sequence[jax.Array] = ()) -> tuple:
+                    interleaved: bool, window: Optional[int] = None) -> tuple:
     """(x + o_proj(attention) [B, 1, hidden], ckv, kpe): the residual stream after the absorbed
     attention of one new token per sequence at `position` over layer `layer` of the stacked latent
     cache, with the token's normalised latent and rotated rope key written into it at `position` first.
@@ -79,9 +79,7 @@ def mla_token_block(x: jax.Array, norm: jax.Array, w_in: jax.Array, kv_norm: jax
     latent_eps); w_kv kv_b_proj's weight as [H, dn + dv, latent]; wo o_proj's [H * dv, hidden]; cos
     and sin [dr] float32, the position's rotation; ckv [L, B, N, latent] and kpe [L, B, N, dr],
     updated in place and returned. interleaved: the rope parts come as DeepSeek's interleaved pairs.
-    prefetch: up to MLA_TOKEN_PREFETCHES (2) arrays that the caller reads next whatever the values,
-    brought into the GPU's L2 while the attention runs (te_async.models: the MoE's shared experts,
-    which token_moe then finds there). Rounded as te_async.models rounds; no gradient.
+    Rounded as te_async.models rounds; no gradient.
     """
     if not applies(x, w_in, w_kv, wo, ckv):
         raise ValueError(f"mla_token_block needs a GPU of compute capability 9.0 or later with te_async's CUDA "
@@ -90,14 +88,11 @@ def mla_token_block(x: jax.Array, norm: jax.Array, w_in: jax.Array, kv_norm: jax
                          f"x {x.dtype} {x.shape}, w_in {w_in.shape}, w_kv {w_kv.shape}, wo {wo.shape}, ckv "
                          f"{ckv.dtype} {ckv.shape}")
     check_window_and_layer(window, layer, ckv.shape[0])
-    module = _ffi.cuda_module()
-    if len(prefetch) > module.MLA_TOKEN_PREFETCHES:
-        raise ValueError(f"mla_token_block prefetches at most {module.MLA_TOKEN_PREFETCHES} arrays, got {len(prefetch)}")
-    prefetch = tuple(prefetch) + (jnp.zeros((0,), jnp.uint8),) * (module.MLA_TOKEN_PREFETCHES - len(prefetch))
     b, _, hidden = x.shape
     _, _, n, latent = ckv.shape
     h, dr = w_kv.shape[0], kpe.shape[-1]
     dv = wo.shape[0] // h
+    module = _ffi.cuda_module()
     # the call's split kernel (8 warps, a 64-key tile in 175 KB of shared memory) holds one block an SM
     splits = split_count(b, n, plan.local_sm_count(), 1, module.DECODE_ATTENTION_MAX_SPLITS)
     rows = module.DECODE_ATTENTION_MAX_ROWS
@@ -111,7 +106,7 @@ def mla_token_block(x: jax.Array, norm: jax.Array, w_in: jax.Array, kv_norm: jax
               jax.ShapeDtypeStruct((module.MLA_TOKEN_LATENT_PARTS, b, h * dv), f32))  # the heads' outputs, in parts
     out, ckv, kpe, *_ = jax.ffi.ffi_call(MLA_TOKEN, shapes, input_output_aliases={8: 1, 9: 2})(
         x, norm.astype(bf16), w_in, kv_norm.astype(bf16), w_kv, wo, cos.astype(f32), sin.astype(f32), ckv, kpe,
-        jnp.asarray(layer, jnp.int32), jnp.asarray(position, jnp.int32), *prefetch, scale=np.float32(scale),
+        jnp.asarray(layer, jnp.int32), jnp.asarray(position, jnp.int32), scale=np.float32(scale),
         window=np.int64(window or 0), eps=np.float32(eps), latent_eps=np.float32(latent_eps),
         interleaved=bool(interleaved))
     return out, ckv, kpe

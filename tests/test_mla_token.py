@@ -156,26 +156,6 @@ def test_matches_the_unfused_path_and_numpy(rng, case):
 
 
 @pytest.mark.gpu
-def test_prefetch_leaves_the_values_alone(rng):
-    """Arrays to bring into L2 (any dtype and size, an odd byte count included) change nothing the
-    call writes; a third is refused."""
-    operands = make(rng, 1, 16, 300)
-    x, norm, w_in, kv_norm, w_kv, wo, ckv, kpe = operands
-    cos, sin = rotation(200)
-    extra = (jnp.asarray(rng.standard_normal((2048, 704)), jnp.bfloat16), jnp.arange(1001, dtype=jnp.int8))
-
-    def call(prefetch):
-        f = jax.jit(lambda *a: mla_token.mla_token_block(*a, eps=EPS, latent_eps=LATENT_NORM_EPS, scale=SCALE,
-                                                         interleaved=True, prefetch=prefetch))
-        return f(x, norm, w_in, kv_norm, w_kv, wo, cos, sin, ckv, kpe, jnp.int32(200), jnp.int32(1))
-
-    for got, want in zip(call(extra), call(())):
-        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
-    with pytest.raises(ValueError, match="prefetches at most 2 arrays"):
-        call(extra + extra[:1])
-
-
-@pytest.mark.gpu
 def test_adds_the_residual():
     """A zero o_proj: the output is x itself, bit for bit."""
     operands = make(np.random.default_rng(7), 2, 16, 128)

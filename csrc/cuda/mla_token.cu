@@ -16,8 +16,7 @@
 //      8 warps: each key split's unnormalised output with its max and sum.
 //   3. MlaTokenOutKernel, block (head h x latent part, sequence b): the merge of head h's splits into
 //      a quarter of its latent output, then that quarter's columns of W_uv[h] (wkv_b's value half)
-//      times it: the head's output as four partial sums. Before it waits for the split kernel, it
-//      brings the call's prefetch operands into L2 (the MoE's shared experts, in te_async.models).
+//      times it: the head's output as four partial sums.
 //   4. ProductKernel with a residual, block (16 columns, two sequences): x + o_proj over the heads'
 //      outputs (the partial sums added in order and rounded).
 // Each boundary needs the whole previous result, hence five kernels. Each lets the next start at
@@ -123,8 +122,6 @@ struct OutArgs {
   const bf16* w_kv;      // [H, dn + dv, latent]
   float* attention;      // [kParts, B, H * dv]: the heads' outputs as kParts partial sums, o_proj's input
   int heads, splits;
-  const char* prefetch[kMlaTokenPrefetches];  // arrays brought into L2 (PrefetchToL2), or null
-  size_t prefetch_bytes[kMlaTokenPrefetches];
 };
 
 struct ProductArgs {
@@ -294,16 +291,6 @@ __device__ __forceinline__ float2 LoadPairInOrder(const float* p) {
 // took 5.3 us at B=1; a quarter of them each, four blocks a head. The block's W_uv rows are loaded
 // into registers before it waits for the split kernel, and its first kMergeAhead splits' columns
 // before it reduces the splits' stats.
-// The grid's share of bytes [p, p + bytes) brought into L2, a 128-byte line a prefetch, the grid's
-// threads on consecutive lines. The call's caller names what the layer reads next whatever the
-// routing (the MoE's shared experts), so that its read starts while the attention, which leaves
-// the HBM idle at one sequence, runs: the MoE then finds it in L2.
-__device__ __forceinline__ void PrefetchToL2(const char* p, size_t bytes) {
-  const size_t lines = (bytes + 127) / 128, threads = static_cast<size_t>(gridDim.x) * gridDim.y * blockDim.x;
-  const size_t first = (static_cast<size_t>(blockIdx.y) * gridDim.x + blockIdx.x) * blockDim.x + threadIdx.x;
-  for (size_t i = first; i < lines; i += threads) asm volatile("prefetch.global.L2 [%0];" ::"l"(p + i * 128));
-}
-
 __global__ void __launch_bounds__(kOutThreads) MlaTokenOutKernel(OutArgs a) {
   StartDependents();  // o_proj's kernel may start loading its weights
   __shared__ float weight[kDecodeAttentionMaxSplits];
@@ -315,8 +302,6 @@ __global__ void __launch_bounds__(kOutThreads) MlaTokenOutKernel(OutArgs a) {
   uint4 wv[kPartRows];
   LoadRows(wv, a.w_kv + (static_cast<size_t>(h) * (kNope + kValue) + kNope + g) * kLatent + part * kPartColumns + v * 8,
            kPartRowGroups * kLatent, kPartRows);
-#pragma unroll
-  for (int i = 0; i < kMlaTokenPrefetches; ++i) PrefetchToL2(a.prefetch[i], a.prefetch_bytes[i]);
   WaitForPrevious();  // the split kernel's partial outputs
 
   const size_t split_stride = static_cast<size_t>(gridDim.y) * kRows * (kLatent + 2);
@@ -455,8 +440,7 @@ ffi::Error MlaToken(cudaStream_t stream, ffi::Buffer<ffi::BF16> x, ffi::Buffer<f
                     ffi::Buffer<ffi::BF16> w_in, ffi::Buffer<ffi::BF16> kv_norm, ffi::Buffer<ffi::BF16> w_kv,
                     ffi::Buffer<ffi::BF16> wo, ffi::Buffer<ffi::F32> cos, ffi::Buffer<ffi::F32> sin,
                     ffi::Buffer<ffi::BF16> ckv, ffi::Buffer<ffi::BF16> kpe, ffi::Buffer<ffi::S32> layer,
-                    ffi::Buffer<ffi::S32> position, ffi::AnyBuffer prefetch_a, ffi::AnyBuffer prefetch_b,
-                    ffi::Result<ffi::Buffer<ffi::BF16>> out,
+                    ffi::Buffer<ffi::S32> position, ffi::Result<ffi::Buffer<ffi::BF16>> out,
                     ffi::Result<ffi::Buffer<ffi::BF16>> ckv_out, ffi::Result<ffi::Buffer<ffi::BF16>> kpe_out,
                     ffi::Result<ffi::Buffer<ffi::BF16>> projected, ffi::Result<ffi::Buffer<ffi::BF16>> q_latent,
                     ffi::Result<ffi::Buffer<ffi::BF16>> q_rope, ffi::Result<ffi::Buffer<ffi::F32>> partial,
@@ -530,14 +514,8 @@ ffi::Error MlaToken(cudaStream_t stream, ffi::Buffer<ffi::BF16> x, ffi::Buffer<f
   TE_ASYNC_RETURN_IF_ERROR((decode_attention_kernels::LaunchSplits<0, kSplitWarps>(stream, attend,
                                                                                    static_cast<int>(splits), true)));
 
-  const OutArgs merge{partial->typed_data(),
-                      in(w_kv),
-                      attention->typed_data(),
-                      static_cast<int>(heads),
-                      static_cast<int>(splits),
-                      {static_cast<const char*>(prefetch_a.untyped_data()),
-                       static_cast<const char*>(prefetch_b.untyped_data())},
-                      {prefetch_a.size_bytes(), prefetch_b.size_bytes()}};
+  const OutArgs merge{partial->typed_data(), in(w_kv), attention->typed_data(), static_cast<int>(heads),
+                      static_cast<int>(splits)};
   TE_ASYNC_RETURN_IF_ERROR(LaunchAfterPrevious(MlaTokenOutKernel, dim3(heads * kParts, batch), kOutThreads, merge,
                                                stream, "launch of MlaTokenOutKernel"));
   const ProductArgs output{nullptr, attention->typed_data(), nullptr, in(wo), in(x), res(out), static_cast<int>(batch),
@@ -563,8 +541,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(kMlaTokenCuda, MlaToken,
                                   .Arg<ffi::Buffer<ffi::BF16>>()  // kpe
                                   .Arg<ffi::Buffer<ffi::S32>>()   // layer
                                   .Arg<ffi::Buffer<ffi::S32>>()   // position
-                                  .Arg<ffi::AnyBuffer>()          // prefetch_a: brought into L2 (any array, may be empty)
-                                  .Arg<ffi::AnyBuffer>()          // prefetch_b
                                   .Ret<ffi::Buffer<ffi::BF16>>()  // out: x + o_proj's output
                                   .Ret<ffi::Buffer<ffi::BF16>>()  // ckv, aliased
                                   .Ret<ffi::Buffer<ffi::BF16>>()  // kpe, aliased

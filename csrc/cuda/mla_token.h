@@ -10,7 +10,5 @@ inline constexpr int kMlaTokenMaxHidden = 2048;
 // The merge's blocks per head, each a part of the latent columns: the heads' outputs come to o_proj
 // as that many partial sums (the call's workspace output `attention`).
 inline constexpr int kMlaTokenLatentParts = 4;
-// Arrays the call brings into L2 for what follows it (its operands prefetch_a and prefetch_b).
-inline constexpr int kMlaTokenPrefetches = 2;
 
 }  // namespace te_async

@@ -123,7 +123,6 @@ NB_MODULE(_te_async_cuda, m) {
   m.attr("MLA_DECODE_MAX_SPLITS") = te_async::kMlaDecodeMaxSplits;
   m.attr("MLA_TOKEN_HIDDEN") = nb::make_tuple(te_async::kMlaTokenHiddenStep, te_async::kMlaTokenMaxHidden);
   m.attr("MLA_TOKEN_LATENT_PARTS") = te_async::kMlaTokenLatentParts;
-  m.attr("MLA_TOKEN_PREFETCHES") = te_async::kMlaTokenPrefetches;
   m.attr("FUSED_MAX_ROWS") = te_async::kSmallGroupsFusedMaxRows;
   // The configs each form can run, by form ("m", "mt", "k"), for TE_ASYNC_CUTLASS_CONFIG; empty
   // when CUTLASS is not built.

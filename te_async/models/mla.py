@@ -82,18 +82,17 @@ def mla_attention(p: dict, cfg, x: jax.Array, cos: jax.Array, sin: jax.Array, ca
 
 
 def mla_sublayer(p: dict, cfg, x: jax.Array, norm: jax.Array, eps: float, cos: jax.Array, sin: jax.Array,
-                 cache: Optional[dict], position, window: Optional[int] = None, prefetch: tuple = ()) -> tuple:
+                 cache: Optional[dict], position, window: Optional[int] = None) -> tuple:
     """(x + mla_attention(rms_norm(x, norm, eps)), cache): a decoder layer's attention half. One new
     token per sequence without q_lora_rank or projection biases, where te_async.mla_token.takes it,
-    runs as that one FFI call, which writes the cache rows itself and brings `prefetch` (the arrays
-    the layer reads next) into L2 while it runs."""
+    runs as that one FFI call, which writes the cache rows itself."""
     if position is not None and cfg.q_lora_rank is None and not {"bkv_a", "bo"} & p.keys():
         (ckv, layer), (kpe, _), w_kv = stacked(cache["ckv"]), stacked(cache["kpe"]), _w_kv(p, cfg)
         if mla_token.takes(x, p["w_in"], w_kv, p["wo"], ckv):
             out, ckv, kpe = mla_token.mla_token_block(
                 x, norm, p["w_in"], p["kv_a_norm"], w_kv, p["wo"], cos[0], sin[0], ckv, kpe, position,
                 layer, eps=eps, latent_eps=LATENT_NORM_EPS, scale=softmax_scale(cfg),
-                interleaved=cfg.rope_interleave, window=window, prefetch=prefetch)
+                interleaved=cfg.rope_interleave, window=window)
             return out, {"ckv": restacked(cache["ckv"], ckv), "kpe": restacked(cache["kpe"], kpe)}
     a, cache = mla_attention(p, cfg, rms_norm(x, norm, eps), cos, sin, cache, position, window)
     return x + a, cache

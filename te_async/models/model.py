@@ -59,8 +59,7 @@ def _layer(p, cfg: Config, x, cos, sin, cache, position, window, group_sizes_mod
     """One decoder layer: (x, its cache entries, the experts its tokens chose [B*S, k] or None)."""
     eps = cfg.rms_norm_eps
     if cfg.is_mla:
-        x, cache = mla_sublayer(p["attn"], cfg, x, p["attn_norm"], eps, cos, sin, cache, position, window,
-                                _prefetched(p, x))
+        x, cache = mla_sublayer(p["attn"], cfg, x, p["attn_norm"], eps, cos, sin, cache, position, window)
     else:
         a, cache = gqa_attention(p["attn"], cfg, rms_norm(x, p["attn_norm"], eps), cos, sin, cache, position, window)
         x = x + a
@@ -69,16 +68,6 @@ def _layer(p, cfg: Config, x, cos, sin, cache, position, window, group_sizes_mod
                                  return_routing=True)
         return x, cache, chosen
     return x + swiglu_mlp(p["mlp"], rms_norm(x, p["mlp_norm"], eps)), cache, None
-
-
-def _prefetched(p, x) -> tuple:
-    """What the attention brings into L2 for the layer's MoE: its shared experts, at one token (where
-    te_async.token_moe reads them; 34.6 MB at DeepSeek-V2-Lite's shapes, which fit the H200's 60 MB
-    L2 beside the attention's own reads). Measured (docs/benchmarks.md, table L2): the MoE call takes
-    3.8 us less a layer with its shared experts in L2."""
-    if x.shape[0] * x.shape[1] != 1 or "moe" not in p or "shared" not in p["moe"]:
-        return ()
-    return p["moe"]["shared"]["w_gate_up"], p["moe"]["shared"]["w_down"]
 
 
 def _unrolled(body, carry, xs) -> tuple:
