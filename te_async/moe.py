@@ -44,7 +44,7 @@ def moe_block(
     early_copy=False leaves the async copy to grouped_mlp itself (issued after the permutation),
     which the benchmarks use to show what issuing it early buys. In device mode with one token per
     step the whole block runs as te_async.token_moe (the norm, the router, the routing, the experts
-    and the residual in one call of two kernels, where it applies: 16-bit, RMSNorm, swiglu), else the
+    and the residual in one call of three kernels, where it applies: 16-bit, RMSNorm, swiglu), else the
     routed experts in one kernel (te_async.token_ffn), else fused with the permutation
     (te_async.decode_moe.fuses); fuse=False keeps the unfused path, for comparison.
     """

@@ -43,8 +43,8 @@
 // item's 32 bytes a thread, then a fixed tree: repeated runs give the same bits), rounds to x's
 // dtype and, in the MoE call, adds the residual x. It is a programmatic dependent of
 // TokenFfnKernel (compute capability 9.0 and up), so its blocks are resident and have read x when
-// the last expert block ends; it replaced XLA's sum, convert and add (three kernels of their own,
-// 4.3 us a layer in the B=1 step's profile, docs/benchmarks.md). A sum inside TokenFfnKernel, by
+// the last expert block ends. It replaced XLA's sum and its convert-and-add: about as fast, one
+// kernel fewer (docs/benchmarks.md, table UN's notes). A sum inside TokenFfnKernel, by
 // the last block of each group of items and then the last group, measured slower than XLA's
 // (46.8 against 39.0 us a layer in the whole model's B=1 step).
 // An expert id outside [0, E) cannot be raised inside a graph: that item's row of out is NaN, so

@@ -3,7 +3,7 @@
 
 moe_sublayer is the decoder's whole MoE sub-layer, x + moe_block(rms_norm(x)). experts="te_async"
 in device mode with one token per step runs all of it as te_async.token_moe (the norm, the router,
-the routing and the routed and shared experts in one call of two kernels, where it applies: 16-bit,
+the routing and the routed and shared experts in one call of three kernels, where it applies: 16-bit,
 H <= 4096, up to 256 experts, no shared-expert gate, softmax scoring), else moe_block runs the
 routed and the shared experts in one kernel (te_async.token_ffn), else the routed experts fused
 with the permutation and the combine (te_async.decode_moe.fuses); "te_async_unfused" never fuses,
@@ -113,7 +113,7 @@ def moe_sublayer(p: dict, norm_weight: jax.Array, cfg, x: jax.Array, *, group_si
                  experts: str, return_routing: bool = False):
     """x [..., H], the residual stream, -> x + moe_block(rms_norm(x)), and with return_routing the
     experts each token chose. In device mode at one token, without a shared-expert gate and with
-    softmax scoring, the whole sub-layer is te_async.token_moe (one call of two kernels) where it
+    softmax scoring, the whole sub-layer is te_async.token_moe (one call of three kernels) where it
     applies."""
     tokens = x.reshape(-1, x.shape[-1])
     fusable = not cfg.shared_expert_gate and cfg.scoring_func == "softmax"
