@@ -16,6 +16,8 @@
 #include <climits>
 #include <cmath>
 
+#include "cuda/block_reduce.cuh"
+
 namespace te_async {
 
 inline constexpr int kTopKPerLane = 8;  // a warp holds a token's E <= 256 scores, 8 per lane
@@ -39,15 +41,11 @@ __device__ __forceinline__ void WarpArgMax(float& v, int& i) {
 }
 
 __device__ __forceinline__ float WarpMax(float v) {
-#pragma unroll
-  for (int d = 16; d > 0; d >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, d));
-  return v;
+  return WarpReduce(v, [](float x, float y) { return fmaxf(x, y); });
 }
 
 __device__ __forceinline__ float WarpSum(float v) {
-#pragma unroll
-  for (int d = 16; d > 0; d >>= 1) v += __shfl_xor_sync(0xffffffffu, v, d);
-  return v;
+  return WarpReduce(v, [](float x, float y) { return x + y; });
 }
 
 __device__ __forceinline__ float Sigmoid(float x) { return 1.f / (1.f + expf(-x)); }
