@@ -2,8 +2,9 @@
 // LaunchDependent(..., after_previous = true) behind another in the same stream may start as soon as
 // every block of that one has called StartDependents() (or ended), so its blocks are scheduled, and
 // may load what does not depend on the previous kernel, while that one still runs;
-// WaitForPrevious() then waits for the previous kernel to end with its writes visible. Kernels chained this way inside one FFI
-// call are captured by XLA into one graph node, where the programmatic edges hold.
+// WaitForPrevious() then waits for the previous kernel to end with its writes visible. Kernels
+// chained this way inside one FFI call are captured by XLA into one graph node, where the
+// programmatic edges hold.
 #pragma once
 
 #include <cuda_runtime.h>
