@@ -199,7 +199,7 @@ def test_kernels_against_float64(rng, case, dtype):
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
 def test_kernels_break_ties_by_index(rng, dtype):
     """Identical router columns give bit-identical logits in the kernel (each column's sum runs in
-    the same order), and the warp top-k takes tied experts in index order."""
+    the same order), and the top-k takes tied experts in index order."""
     args = tied(rng, dtype)
     got, _ = run(args)
     want = reference(*args, residual=False)

@@ -1,15 +1,30 @@
-// One float reduced over a warp or a whole block, in a fixed order whatever the timing
-// (deterministic), for the decode attention's merge and the MLA call's kernels.
+// One value reduced over a few lanes, a warp or a whole block, in a fixed order whatever the timing
+// (deterministic), for the decode attention's merge, the MLA call's kernels and the routing.
 #pragma once
 
 namespace te_async {
 
-// op over the warp's 32 lanes, on every lane (an xor butterfly).
+// op over each aligned group of `width` lanes (a power of two, at most 32), on every lane of the
+// group (an xor butterfly; the whole warp calls it).
+template <typename V, typename Op>
+__device__ __forceinline__ V LaneGroupReduce(V x, int width, Op op) {
+#pragma unroll
+  for (int d = width / 2; d > 0; d >>= 1) x = op(x, __shfl_xor_sync(0xffffffffu, x, d));
+  return x;
+}
+
+// P for items served by P consecutive threads each in a block of `block` threads (items <= block):
+// the largest power of two, at most 32, with P * items <= block.
+__device__ __forceinline__ int LanesPerItem(int items, int block) {
+  int lanes = 1;
+  while (lanes < 32 && 2 * lanes * items <= block) lanes *= 2;
+  return lanes;
+}
+
+// op over the warp's 32 lanes, on every lane.
 template <typename Op>
 __device__ __forceinline__ float WarpReduce(float x, Op op) {
-#pragma unroll
-  for (int d = 16; d > 0; d >>= 1) x = op(x, __shfl_xor_sync(0xffffffffu, x, d));
-  return x;
+  return LaneGroupReduce(x, 32, op);
 }
 
 // op over a block of kBlockWarps warps, on every thread: each warp's result, then the warps' in

@@ -1,26 +1,32 @@
-// One token's top-k routing by one warp, shared by the routing kernel (moe_routing.cu) and the
-// one-token MoE kernel (token_ffn.cu, softmax only). Each lane holds the choice values of experts
-// lane, lane + 32, ...: softmax scoring, the softmax of the E router logits in f32 (expf), which
-// are also the weights; sigmoid scoring (DeepSeek-V3), sigmoid(logit) + bias[e], the bias being
-// an optional load-balancing correction that steers the choice but not the weights. With
-// n_group > 1, DeepSeek's group-limited top-k keeps the topk_group groups that score highest
-// (softmax: their best expert; sigmoid: the sum of their two best, two equal values both
-// counting) and masks the others (softmax: probability 0; sigmoid: -inf, never chosen while
-// enough experts are kept, which te_async/routing.py checks). Then k rounds of a warp argmax pick
-// the experts, larger choice value first and the lower index on ties (jax.lax.top_k's order). The
-// weights are the chosen experts' unbiased scores (sigmoid: recomputed from their logits rather
-// than held beside the choice values, which would take 8 more registers per lane), renormalised to
-// sum to one when asked, then multiplied by `scaling`. te_async/routing.py holds the JAX reference.
+// One token's top-k routing, shared by the routing kernel (moe_routing.cu: a warp a token) and the
+// one-token MoE call (token_ffn.cu: a whole block for its one token, softmax only). Choice values:
+// softmax scoring, the softmax of the E router logits in f32 (expf), which are also the weights;
+// sigmoid scoring (DeepSeek-V3), sigmoid(logit) + bias[e], the bias being an optional
+// load-balancing correction that steers the choice but not the weights. A warp computes them, each
+// lane holding experts lane, lane + 32, ... in kSlots registers (kSlots from E, so that E = 64
+// walks 2 slots a lane, not 256 / 32). With n_group > 1, DeepSeek's group-limited top-k keeps the
+// topk_group groups that score highest (softmax: their best expert; sigmoid: the sum of their two
+// best, two equal values both counting) and masks the others (softmax: probability 0; sigmoid:
+// -inf, never chosen while enough experts are kept, which te_async/routing.py checks). The top-k
+// is the larger choice value first and the lower index on ties (jax.lax.top_k's order): WarpTopK
+// picks it in k rounds of a warp argmax; BlockTopK ranks every expert at once (its rank: the
+// experts before it in that order, counted by P threads an expert), which has no chain of k
+// dependent shuffle rounds and measured faster where a block serves one token. The weights are
+// the chosen experts' unbiased scores (sigmoid: recomputed from their logits rather than held
+// beside the choice values), renormalised to sum to one when asked (summed in rank order), then
+// multiplied by `scaling`. te_async/routing.py holds the JAX reference.
 #pragma once
 
 #include <climits>
 #include <cmath>
+#include <cstdint>
+#include <type_traits>
 
 #include "cuda/block_reduce.cuh"
 
 namespace te_async {
 
-inline constexpr int kTopKPerLane = 8;  // a warp holds a token's E <= 256 scores, 8 per lane
+inline constexpr int kTopKPerLane = 8;  // a warp holds a token's E <= 256 choice values, up to 8 a lane
 
 struct TopKOptions {
   int experts, top_k, n_group, topk_group;
@@ -52,12 +58,13 @@ __device__ __forceinline__ float Sigmoid(float x) { return 1.f / (1.f + expf(-x)
 
 // Group g's score for the group-limited top-k, on every lane: its best choice value, or with
 // `two_best` the sum of its two best (the top two by position: a value held twice counts twice).
-__device__ __forceinline__ float GroupScore(const float (&c)[kTopKPerLane], const TopKOptions& o, int lane, int g,
+template <int kSlots>
+__device__ __forceinline__ float GroupScore(const float (&c)[kSlots], const TopKOptions& o, int lane, int g,
                                             bool two_best) {
   const int per_group = o.experts / o.n_group;
   float b1 = -INFINITY, b2 = -INFINITY;  // this lane's best two of group g, b1 >= b2
 #pragma unroll
-  for (int i = 0; i < kTopKPerLane; ++i) {
+  for (int i = 0; i < kSlots; ++i) {
     const int e = lane + 32 * i;
     if (e < o.experts && e / per_group == g) b2 = fmaxf(b2, fminf(b1, c[i])), b1 = fmaxf(b1, c[i]);
   }
@@ -71,60 +78,73 @@ __device__ __forceinline__ float GroupScore(const float (&c)[kTopKPerLane], cons
   return b1 + b2;
 }
 
-// The whole warp calls it with the token's logits `row` [E]; lane j < top_k gets the j-th weight
-// and expert.
-__device__ inline void WarpTopK(const float* row, const TopKOptions& o, int lane, float& weight, int& expert) {
-  float c[kTopKPerLane];  // the choice values of experts lane + 32 i
+// The choice values of experts lane + 32 i from the token's logits `row` [E], by the whole warp.
+template <int kSlots>
+__device__ inline void WarpChoiceValues(const float* row, const TopKOptions& o, int lane, float (&c)[kSlots]) {
   if (o.sigmoid) {
 #pragma unroll
-    for (int i = 0; i < kTopKPerLane; ++i) {
+    for (int i = 0; i < kSlots; ++i) {
       const int e = lane + 32 * i;
       c[i] = e < o.experts ? Sigmoid(row[e]) + (o.bias ? o.bias[e] : 0.f) : -INFINITY;
     }
   } else {
 #pragma unroll
-    for (int i = 0; i < kTopKPerLane; ++i) {
+    for (int i = 0; i < kSlots; ++i) {
       const int e = lane + 32 * i;
       c[i] = e < o.experts ? row[e] : -INFINITY;
     }
     float m = -INFINITY;
 #pragma unroll
-    for (int i = 0; i < kTopKPerLane; ++i) m = fmaxf(m, c[i]);
+    for (int i = 0; i < kSlots; ++i) m = fmaxf(m, c[i]);
     m = WarpMax(m);
     float s = 0.f;
 #pragma unroll
-    for (int i = 0; i < kTopKPerLane; ++i) {
+    for (int i = 0; i < kSlots; ++i) {
       c[i] = lane + 32 * i < o.experts ? expf(c[i] - m) : 0.f;
       s += c[i];
     }
     s = WarpSum(s);
 #pragma unroll
-    for (int i = 0; i < kTopKPerLane; ++i) c[i] /= s;
+    for (int i = 0; i < kSlots; ++i) c[i] /= s;
   }
-
-  if (o.n_group > 1) {  // keep the topk_group best groups
-    float best = -INFINITY;  // lane g < n_group: group g's score
-    for (int g = 0; g < o.n_group; ++g) {
-      const float v = GroupScore(c, o, lane, g, o.sigmoid);
-      if (lane == g) best = v;
-    }
-    unsigned kept = 0;
-    for (int j = 0; j < o.topk_group; ++j) {
-      float v = best;
-      int g = lane < o.n_group ? lane : INT_MAX;
-      WarpArgMax(v, g);
-      kept |= 1u << g;
-      if (lane == g) best = -INFINITY;
-    }
-    const int per_group = o.experts / o.n_group;
-    const float masked = o.sigmoid ? -INFINITY : 0.f;  // biased sigmoid choice values may be negative
+  if (o.n_group <= 1) return;
+  float best = -INFINITY;  // lane g < n_group: group g's score
+  for (int g = 0; g < o.n_group; ++g) {
+    const float v = GroupScore(c, o, lane, g, o.sigmoid);
+    if (lane == g) best = v;
+  }
+  unsigned kept = 0;
+  for (int j = 0; j < o.topk_group; ++j) {
+    float v = best;
+    int g = lane < o.n_group ? lane : INT_MAX;
+    WarpArgMax(v, g);
+    kept |= 1u << g;
+    if (lane == g) best = -INFINITY;
+  }
+  const int per_group = o.experts / o.n_group;
+  const float masked = o.sigmoid ? -INFINITY : 0.f;  // biased sigmoid choice values may be negative
 #pragma unroll
-    for (int i = 0; i < kTopKPerLane; ++i) {
-      const int e = lane + 32 * i;
-      if (e < o.experts && !((kept >> (e / per_group)) & 1u)) c[i] = masked;
-    }
+  for (int i = 0; i < kSlots; ++i) {
+    const int e = lane + 32 * i;
+    if (e < o.experts && !((kept >> (e / per_group)) & 1u)) c[i] = masked;
   }
+}
 
+// Lane j < top_k holds the j-th choice value v and expert e, every lane `total` (the k values
+// summed in rank order); returns lane j's weight.
+__device__ __forceinline__ float FinalWeight(const float* row, const TopKOptions& o, int lane, float v, int e,
+                                             float total) {
+  if (o.sigmoid) {  // the choice values held the bias: the weights are the plain scores
+    v = lane < o.top_k ? Sigmoid(row[e]) : 0.f;
+    total = WarpSum(v);
+  }
+  return (o.renormalize ? v / total : v) * o.scaling;
+}
+
+template <int kSlots>
+__device__ inline void WarpTopKSlots(const float* row, const TopKOptions& o, int lane, float& weight, int& expert) {
+  float c[kSlots];
+  WarpChoiceValues(row, o, lane, c);
   unsigned taken = 0;  // bit i: this lane's expert lane + 32 i is chosen
   float w_mine = 0.f;
   int e_mine = 0;
@@ -133,7 +153,7 @@ __device__ inline void WarpTopK(const float* row, const TopKOptions& o, int lane
     float v = -INFINITY;
     int e = INT_MAX;
 #pragma unroll
-    for (int i = 0; i < kTopKPerLane; ++i) {
+    for (int i = 0; i < kSlots; ++i) {
       const int ei = lane + 32 * i;
       if (ei < o.experts && !((taken >> i) & 1u) && (c[i] > v || e == INT_MAX)) v = c[i], e = ei;
     }
@@ -142,12 +162,83 @@ __device__ inline void WarpTopK(const float* row, const TopKOptions& o, int lane
     if (lane == j) w_mine = v, e_mine = e;
     total += v;
   }
-  if (o.sigmoid) {  // the choice values held the bias: the weights are the plain scores
-    w_mine = Sigmoid(row[e_mine]);
-    total = WarpSum(lane < o.top_k ? w_mine : 0.f);
-  }
-  weight = (o.renormalize ? w_mine / total : w_mine) * o.scaling;
+  weight = FinalWeight(row, o, lane, w_mine, e_mine, total);
   expert = e_mine;
+}
+
+// f(std::integral_constant<int, kSlots>) with kSlots the fewest of 1, 2, 4, 8 that hold E / 32.
+template <typename F>
+__device__ __forceinline__ void WithSlots(int experts, F f) {
+  if (experts <= 32) {
+    f(std::integral_constant<int, 1>());
+  } else if (experts <= 64) {
+    f(std::integral_constant<int, 2>());
+  } else if (experts <= 128) {
+    f(std::integral_constant<int, 4>());
+  } else {
+    f(std::integral_constant<int, kTopKPerLane>());
+  }
+}
+
+// The whole warp calls it with the token's logits `row` [E]; lane j < top_k gets the j-th weight
+// and expert.
+__device__ inline void WarpTopK(const float* row, const TopKOptions& o, int lane, float& weight, int& expert) {
+  WithSlots(o.experts, [&](auto slots) { WarpTopKSlots<decltype(slots)::value>(row, o, lane, weight, expert); });
+}
+
+// A float's position in the order of floats as an unsigned integer (-0 taken as +0).
+__device__ __forceinline__ unsigned OrderKey(float v) {
+  const unsigned u = __float_as_uint(v + 0.f);
+  return u & 0x80000000u ? ~u : u | 0x80000000u;
+}
+
+// The top-k of one token by a block of kBlock threads, all of which call it: warp 0 computes the
+// choice values and their order keys, every expert's rank is counted by P threads (each every
+// P-th other expert, then a butterfly), the first k ranks go to slots, and warp 0 writes
+// weights[j] and experts[j] for j < top_k. row: the logits [E]; work: 2 E + 64 words of shared
+// memory.
+template <int kBlock>
+__device__ inline void BlockTopK(const float* row, const TopKOptions& o, float* work, float* weights,
+                                 int32_t* experts) {
+  const int tid = threadIdx.x, lane = tid % 32, E = o.experts;
+  float* choice = work;
+  unsigned* key = reinterpret_cast<unsigned*>(work + E);
+  float* slot_value = work + 2 * E;
+  int* slot_expert = reinterpret_cast<int*>(slot_value + 32);
+  if (tid < 32) {
+    WithSlots(E, [&](auto slots) {
+      constexpr int kSlots = decltype(slots)::value;
+      float c[kSlots];
+      WarpChoiceValues(row, o, lane, c);
+#pragma unroll
+      for (int i = 0; i < kSlots; ++i) {
+        if (lane + 32 * i < E) choice[lane + 32 * i] = c[i], key[lane + 32 * i] = OrderKey(c[i]);
+      }
+    });
+  }
+  __syncthreads();
+  const int lanes = LanesPerItem(E, kBlock), shift = __ffs(lanes) - 1;
+  const int e = tid >> shift, part = tid & (lanes - 1);
+  int before = 0;  // experts of this part ahead of e
+  if (e < E) {
+    const unsigned mine = key[e];
+#pragma unroll 8
+    for (int j = part; j < E; j += lanes) {
+      const unsigned other = key[j];
+      before += other > mine || (other == mine && j < e);
+    }
+  }
+  before = LaneGroupReduce(before, lanes, [](int x, int y) { return x + y; });
+  if (e < E && part == 0 && before < o.top_k) slot_value[before] = choice[e], slot_expert[before] = e;
+  __syncthreads();
+  if (tid >= 32) return;
+  const float v = lane < o.top_k ? slot_value[lane] : 0.f;
+  const int chosen = lane < o.top_k ? slot_expert[lane] : 0;
+  float total = 0.f;
+#pragma unroll 8
+  for (int j = 0; j < o.top_k; ++j) total += __shfl_sync(0xffffffffu, v, j);
+  const float w = FinalWeight(row, o, lane, v, chosen, total);
+  if (lane < o.top_k) weights[lane] = w, experts[lane] = chosen;
 }
 
 }  // namespace te_async

@@ -12,7 +12,7 @@
 // - te_async_token_moe: a decoder's MoE block for one token, moe(rmsnorm(x)) routed in the call:
 //   RouteTokenKernel (the norm, the router GEMM with its rows split over a thread-block cluster
 //   of kRouteSlices blocks, each writing its partial logits into rank 0's shared memory, where
-//   they are added in rank order, the top-k of route_top_k.cuh; one block below compute
+//   they are added in rank order, the block top-k of route_top_k.cuh; one block below compute
 //   capability 9.0; the router's first loads are issued before the norm, see RouterSlice), then
 //   TokenFfnKernel, which normalises x itself (the same code, so the same values). On compute
 //   capability 9.0 and up the second is a programmatic dependent launch: the first triggers it
@@ -82,8 +82,7 @@ constexpr int kBlocksPerSm = 2;  // measured as fast as one 512-thread block and
 constexpr int kRouteSlices = 8;  // RouteTokenKernel's cluster (the portable size): 32 KB of router each at E = 64, H = 2048
 constexpr int kVec = 8;           // 16-bit elements per 16-byte vector (4 for a float32 router)
 constexpr int kUnroll = 8;        // loads in flight per thread
-constexpr int kRoutePreload = 16; // router vectors per thread loaded before the norm: all of a float32 [2048, 64] slice
-constexpr int kNormLanes = 256;   // strided partial sums of x^2, in one order for both kernels
+constexpr int kNormSums = 32;     // sums of 8 threads' partials of x^2, in one order for both kernels
 constexpr int kMaxHidden = 4096;  // x in shared memory as f32, with the sums' scratch
 constexpr int kMaxUnits = 256;
 
@@ -132,59 +131,66 @@ struct ReduceArgs {
 
 constexpr int kReduceColumns = 8;  // columns of a ReducePartialsKernel block: 32 bytes of each item
 
+// Router vectors a thread loads before the norm: all of its share of a [2048, 64] slice (256 rows).
+template <typename W>
+constexpr int kRoutePreload = 64 / Elem<W>::kVec;
+
 constexpr size_t FfnSharedBytes(int hidden, int units) {
-  return sizeof(float) * (hidden + 3 * units + kNormLanes + 1 + kThreads * kVec);
+  return sizeof(float) * (hidden + 3 * units + kNormSums + kThreads * kVec);
 }
 
 constexpr size_t RouteSharedBytes(int hidden, int experts) {
-  return sizeof(float) * (hidden + kRouteSlices * experts + kNormLanes + 1 + kThreads * kVec);
+  return sizeof(float) * (hidden + kRouteSlices * experts + kNormSums + kThreads * kVec);
 }
 
 // x [H] -> xs [H] as f32, RMS-normalised when n.scale is set: y = x * rsqrt(mean(x^2) + eps), then
 // (round_first: transformers' RMSNorm) round(round(y) * round(scale)) or (te_async.mlp.normalize)
-// round(y * scale). The scale is loaded with x, into registers, so that its read does not wait for
-// the norm's reduction. The sum of squares is taken in one fixed order whatever the block size
-// (kNormLanes strided partials, then one warp), so both kernels of the MoE call get the same x.
-template <typename T, int kBlock>
-__device__ void LoadToken(const T* x, int hidden, const TokenNorm& n, float* xs, float* lanes) {
-  static_assert(kBlock >= kNormLanes, "one thread per norm lane");
-  constexpr int kPer = kMaxHidden / kBlock;
-  const int tid = threadIdx.x;
-  float scale[kPer];
+// round(y * scale). x and the scale are loaded into registers, so that the scale's read does not
+// wait for the norm's reduction. The sum of squares is taken in one fixed order (thread t's
+// partial over i = t, t + 256, ...; each 8 consecutive threads' partials in order, by shuffles;
+// the 32 sums by a butterfly, which every warp runs itself, so one barrier serves it), so both
+// kernels of the MoE call get the same x. sums: kNormSums floats.
+template <typename T>
+__device__ void LoadToken(const T* x, int hidden, const TokenNorm& n, float* xs, float* sums) {
+  static_assert(kThreads == 8 * kNormSums, "a norm sum is 8 threads' partials");
+  constexpr int kPer = kMaxHidden / kThreads;
+  const int tid = threadIdx.x, lane = tid % 32;
+  float v[kPer], scale[kPer];
 #pragma unroll
   for (int j = 0; j < kPer; ++j) {
-    const int i = tid + j * kBlock;
+    const int i = tid + j * kThreads;
     if (i < hidden) {
-      xs[i] = ToFloat<T>(x[i]);
+      v[j] = ToFloat<T>(x[i]);
       if (n.scale != nullptr) {
         scale[j] = n.scale_f32 ? static_cast<const float*>(n.scale)[i] : ToFloat<T>(static_cast<const T*>(n.scale)[i]);
       }
     }
   }
-  __syncthreads();
-  if (n.scale == nullptr) return;
-  if (tid < kNormLanes) {
-    float s = 0.f;
-    for (int i = tid; i < hidden; i += kNormLanes) s = fmaf(xs[i], xs[i], s);
-    lanes[tid] = s;
+  float r = 1.f;
+  if (n.scale != nullptr) {
+    float partial = 0.f;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      if (tid + j * kThreads < hidden) partial = fmaf(v[j], v[j], partial);
+    }
+    float eight = 0.f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) eight += __shfl_sync(0xffffffffu, partial, (lane & ~7) + j);
+    if (lane % 8 == 0) sums[tid / 8] = eight;
+    __syncthreads();
+    r = rsqrtf(WarpSum(sums[lane]) / static_cast<float>(hidden) + n.eps);
   }
-  __syncthreads();
-  if (tid < 32) {
-    float s = 0.f;
-    for (int j = 0; j < kNormLanes / 32; ++j) s += lanes[tid * (kNormLanes / 32) + j];
-    s = WarpSum(s);
-    if (tid == 0) lanes[kNormLanes] = rsqrtf(s / static_cast<float>(hidden) + n.eps);
-  }
-  __syncthreads();
-  const float r = lanes[kNormLanes];
 #pragma unroll
   for (int j = 0; j < kPer; ++j) {
-    const int i = tid + j * kBlock;
-    if (i < hidden) {
-      float y = xs[i] * r, sc = scale[j];
-      if (n.round_first) y = Rounded<T>(y), sc = Rounded<T>(sc);
-      xs[i] = Rounded<T>(y * sc);
+    const int i = tid + j * kThreads;
+    if (i >= hidden) continue;
+    if (n.scale == nullptr) {
+      xs[i] = v[j];
+      continue;
     }
+    float y = v[j] * r, sc = scale[j];
+    if (n.round_first) y = Rounded<T>(y), sc = Rounded<T>(sc);
+    xs[i] = Rounded<T>(y * sc);
   }
   __syncthreads();
 }
@@ -244,8 +250,9 @@ __device__ __forceinline__ void WeightedRowSum(const W* __restrict__ w, long lon
 // so that their latency overlaps x's load and the norm's reduction instead of following them.
 // Leaves the G partial sums in scratch [G, E] and returns G.
 template <typename T, typename W>
-__device__ __forceinline__ int RouterSlice(const RouteTokenArgs& a, int r0, int rows, float* xs, float* lanes,
+__device__ __forceinline__ int RouterSlice(const RouteTokenArgs& a, int r0, int rows, float* xs, float* sums,
                                            float* scratch) {
+  constexpr int kPreload = kRoutePreload<W>;
   constexpr int V = Elem<W>::kVec;
   const int tid = threadIdx.x, experts = a.top.experts;
   const int nvec = experts / V, groups = kThreads / nvec, v = tid % nvec, g = tid / nvec;
@@ -254,11 +261,10 @@ __device__ __forceinline__ int RouterSlice(const RouteTokenArgs& a, int r0, int 
   auto load = [&](int r) {
     return owner && r < rows ? LoadStream(col + static_cast<long long>(r) * experts) : make_uint4(0u, 0u, 0u, 0u);
   };
-  uint4 pre[kRoutePreload];
+  uint4 pre[kPreload];
 #pragma unroll
-  for (int i = 0; i < kRoutePreload; ++i) pre[i] = load(g + i * groups);
-  LoadToken<T, kThreads>(static_cast<const T*>(a.x), a.hidden, a.router_reads_normed ? a.norm : TokenNorm{}, xs,
-                         lanes);
+  for (int i = 0; i < kPreload; ++i) pre[i] = load(g + i * groups);
+  LoadToken<T>(static_cast<const T*>(a.x), a.hidden, a.router_reads_normed ? a.norm : TokenNorm{}, xs, sums);
   float acc[V] = {};
   auto add = [&](const uint4& q, int r) {
     if (!owner || r >= rows) return;
@@ -269,8 +275,8 @@ __device__ __forceinline__ int RouterSlice(const RouteTokenArgs& a, int r0, int 
     for (int j = 0; j < V; ++j) acc[j] = fmaf(c, f[j], acc[j]);
   };
 #pragma unroll
-  for (int i = 0; i < kRoutePreload; ++i) add(pre[i], g + i * groups);
-  for (int rb = g + kRoutePreload * groups; owner && rb < rows; rb += kUnroll * groups) {
+  for (int i = 0; i < kPreload; ++i) add(pre[i], g + i * groups);
+  for (int rb = g + kPreload * groups; owner && rb < rows; rb += kUnroll * groups) {
     uint4 q[kUnroll];
 #pragma unroll
     for (int i = 0; i < kUnroll; ++i) q[i] = load(rb + i * groups);
@@ -287,7 +293,7 @@ __device__ __forceinline__ int RouterSlice(const RouteTokenArgs& a, int r0, int 
 
 // The norm, the router GEMM and the top-k of one token. Each block of the cluster computes its
 // slice's partial logits and writes them into rank 0's shared memory; rank 0 adds them in rank
-// order and runs the warp top-k, while the other blocks have already exited.
+// order and runs the block top-k, while the other blocks have already exited.
 template <typename T, typename W>
 __global__ void __launch_bounds__(kThreads) RouteTokenKernel(RouteTokenArgs a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -301,21 +307,21 @@ __global__ void __launch_bounds__(kThreads) RouteTokenKernel(RouteTokenArgs a) {
   const int experts = a.top.experts, tid = threadIdx.x;
   float* xs = smem;                                  // [H]
   float* partials = xs + a.hidden;                   // [slices, E]: in rank 0, every slice's partial logits
-  float* lanes = partials + kRouteSlices * experts;  // [kNormLanes + 1]
-  float* scratch = lanes + kNormLanes + 1;           // [kThreads * kVec]
+  float* sums = partials + kRouteSlices * experts;   // [kNormSums]
+  float* scratch = sums + kNormSums;                 // [kThreads * kVec]: the row groups' partials, then the top-k's
   const int per = (a.hidden + slices - 1) / slices, r0 = min(a.hidden, rank * per), rows = min(per, a.hidden - r0);
-  const int groups = RouterSlice<T, W>(a, r0, rows, xs, lanes, scratch);
+  const int groups = RouterSlice<T, W>(a, r0, rows, xs, sums, scratch);
+  float mine = 0.f;  // expert tid's sum of the row groups (E <= kThreads), before the cluster's wait (table RT)
+  if (tid < experts) {
+    for (int gg = 0; gg < groups; ++gg) mine += scratch[gg * experts + tid];
+  }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   __cluster_barrier_wait();
   float* slice = static_cast<float*>(__cluster_map_shared_rank(partials, 0)) + rank * experts;
 #else
   float* slice = partials;
 #endif
-  for (int e = tid; e < experts; e += kThreads) {
-    float s = 0.f;
-    for (int gg = 0; gg < groups; ++gg) s += scratch[gg * experts + e];
-    slice[e] = s;
-  }
+  if (tid < experts) slice[tid] = mine;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   __cluster_barrier_arrive();  // releases this slice's writes; rank 0 acquires them in its wait
   if (rank != 0) return;
@@ -329,12 +335,7 @@ __global__ void __launch_bounds__(kThreads) RouteTokenKernel(RouteTokenArgs a) {
     partials[e] = l;
   }
   __syncthreads();
-  if (tid < 32) {
-    float w;
-    int e;
-    WarpTopK(partials, a.top, tid, w, e);
-    if (tid < a.top.top_k) a.weights[tid] = w, a.experts[tid] = e;
-  }
+  BlockTopK<kThreads>(partials, a.top, scratch, a.weights, a.experts);
 }
 
 template <typename T>
@@ -344,8 +345,8 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) TokenFfnKernel(TokenFf
   float* xs = smem;                    // [H]
   float* h = xs + a.hidden;            // [2 * units]: gate sums, then linear sums
   float* act = h + 2 * a.units;        // [units]
-  float* lanes = act + a.units;        // [kNormLanes + 1]
-  float* scratch = lanes + kNormLanes + 1;  // [kThreads * kVec]
+  float* sums = act + a.units;         // [kNormSums]
+  float* scratch = sums + kNormSums;   // [kThreads * kVec]
   const int item = blockIdx.x, tid = threadIdx.x;
   const bool routed = item >= a.shared_items;
   const int choice = routed ? (item - a.shared_items) / a.blocks_per_choice : 0;
@@ -353,7 +354,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) TokenFfnKernel(TokenFf
   const int u0 = (routed ? (item - a.shared_items) % a.blocks_per_choice : item) * a.units;
   const int units = min(a.units, ffn - u0);
   float* out = a.out + static_cast<long long>(item) * a.hidden;
-  LoadToken<T, kThreads>(static_cast<const T*>(a.x), a.hidden, a.norm, xs, lanes);
+  LoadToken<T>(static_cast<const T*>(a.x), a.hidden, a.norm, xs, sums);
   if (routed) WaitForPrevious();  // its expert and weight
   const int expert = routed ? a.experts[choice] : 0;
   const float scale = routed ? a.weights[choice] : a.shared_scale == nullptr ? 1.f : *a.shared_scale;
@@ -621,6 +622,8 @@ ffi::Error TokenMoe(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer norm_s
 
 static_assert(FfnSharedBytes(kMaxHidden, kMaxUnits) <= 48 * 1024, "dynamic shared memory past the default limit");
 static_assert(RouteSharedBytes(kMaxHidden, kRouteMaxExperts) <= 48 * 1024, "dynamic shared memory past the default limit");
+static_assert(kRouteMaxExperts <= kThreads && 2 * kRouteMaxExperts + 64 <= kThreads * kVec,
+              "BlockTopK's experts and shared memory");
 
 }  // namespace
 
