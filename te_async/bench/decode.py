@@ -10,7 +10,7 @@ Modes:
   async_late    async with early_copy=False: the copy issued by grouped_mlp, after the permutation,
                 which shows what issuing it early buys.
   device        moe_block in device mode, when te_async has it: the routing kernel at decode sizes,
-                and at T=1 the whole layer (norm, router, experts, residual) in one call of two
+                and at T=1 the whole layer (norm, router, experts, residual) in one call of three
                 kernels (te_async.token_moe).
   device_unfused  device mode without that fusion (the routing kernel still runs).
   ragged_dot    the same step with jax.lax.ragged_dot for fc1 and fc2: what plain JAX offers.
