@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <type_traits>
 
+#include "cuda/block_reduce.cuh"
 #include "cuda/decode_attention.h"
 
 namespace te_async {
@@ -227,8 +228,7 @@ __device__ __forceinline__ void AttendChunk(const KeyRows& src, int first, int l
       float v[4], tile_max = -INFINITY;
 #pragma unroll
       for (int j = 0; j < 4; ++j) v[j] = ss[r * kKeys + part * 4 + j], tile_max = fmaxf(tile_max, v[j]);
-#pragma unroll
-      for (int d = kRowThreads / 2; d > 0; d >>= 1) tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, d));
+      tile_max = LaneGroupReduce(tile_max, kRowThreads, [](float x, float y) { return fmaxf(x, y); });
       const float old_max = s_max[r], new_max = fmaxf(old_max, tile_max);
       float sum = 0.f;
 #pragma unroll
@@ -237,8 +237,7 @@ __device__ __forceinline__ void AttendChunk(const KeyRows& src, int first, int l
         sp[r * L::kPStride + part * 4 + j] = p;
         sum += __bfloat162float(p);
       }
-#pragma unroll
-      for (int d = kRowThreads / 2; d > 0; d >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, d);
+      sum = LaneGroupReduce(sum, kRowThreads, [](float x, float y) { return x + y; });
       if (part == 0) {
         const float rescale = new_max == -INFINITY ? 1.f : exp2f(old_max - new_max);
         s_rescale[r] = rescale, s_sum[r] = s_sum[r] * rescale + sum, s_max[r] = new_max;

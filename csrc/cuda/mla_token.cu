@@ -350,8 +350,7 @@ __global__ void __launch_bounds__(kOutThreads) MlaTokenOutKernel(OutArgs a) {
     Unpack<bf16>(wv[i], f);
 #pragma unroll
     for (int j = 0; j < 8; ++j) sum = fmaf(f[j], latent[v * 8 + j], sum);
-#pragma unroll
-    for (int d = kPartVectors / 2; d > 0; d /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, d);
+    sum = LaneGroupReduce(sum, kPartVectors, [](float x, float y) { return x + y; });
     if (v == 0) out[i * kPartRowGroups] = sum;
   }
 }
