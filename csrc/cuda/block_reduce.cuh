@@ -1,5 +1,5 @@
 // One value reduced over a few lanes, a warp or a whole block, in a fixed order whatever the timing
-// (deterministic), for the decode attention's merge, the MLA call's kernels and the routing.
+// (deterministic), for the decode attention, the MLA call's kernels and the routing.
 #pragma once
 
 namespace te_async {
