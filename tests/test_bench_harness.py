@@ -205,6 +205,27 @@ def test_attention_bench_runs_on_this_backend(tmp_path):
     assert f"| 1 | {row['floor_us']:.2f} | {row['xla_us']:.2f} (" in (tmp_path / "attention.md").read_text()
 
 
+def test_read_bench_gives_each_size_against_the_largest(tmp_path):
+    cli.main(["read", "--mb", "4", "0.5", "--out", str(tmp_path)])
+    result = json.loads((tmp_path / "read.json").read_text())
+    rows = result["results"]
+    assert [r["mb"] for r in rows] == [0.5, 4] and result["floor_mb"] == 4
+    for r in rows:  # time = bytes / bandwidth; over the floor = the largest's bandwidth / this one's
+        assert r["us"] > 0 and r["us"] == pytest.approx(r["mb"] / r["tb_s"])
+        assert r["over_floor"] == pytest.approx(rows[-1]["tb_s"] / r["tb_s"])
+    assert rows[-1]["over_floor"] == 1
+    assert f"| 0.5 | {rows[0]['us']:.2f} | {rows[0]['tb_s']:.3f} | {rows[0]['over_floor']:.2f}x |" in \
+        (tmp_path / "read.md").read_text()
+
+
+@pytest.mark.parametrize("mb", ["0", "-1", "inf"])
+def test_read_bench_refuses_a_size_that_is_not_positive(tmp_path, capsys, mb):
+    with pytest.raises(SystemExit):
+        cli.main(["read", "--mb", mb, "--out", str(tmp_path)])
+    assert "must be a positive number" in capsys.readouterr().err
+    assert not (tmp_path / "read.json").exists()
+
+
 def test_results_name_the_tree_that_ran(tmp_path, monkeypatch):
     """timing.source_commit: the tree id of the files as they are matches the commit's tree when
     nothing changed, and changes with a file (tracked or not), while HEAD stays; TE_ASYNC_COMMIT

@@ -21,6 +21,7 @@ BENCHMARKS = {
     "generate": "te_async.bench.generate",
     "dense": "te_async.bench.dense",
     "attention": "te_async.bench.attention",
+    "read": "te_async.bench.read",
 }
 
 

@@ -64,6 +64,14 @@ def positive_int(text: str) -> int:
     return value
 
 
+def positive_float(text: str) -> float:
+    """An argparse type for sizes: a finite number above 0, else argparse's error naming the option."""
+    value = float(text)
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
 def add_argument(parser) -> None:
     """--preset, the same in every benchmark and tool; resolve() reads it."""
     parser.add_argument("--preset", choices=list(PRESETS),

@@ -50,13 +50,8 @@ case ${1:-build} in
         --no-plots --out "$d" > "$d/decode.log" 2>&1
       grep -E "^\| [0-9]" "$d/decode.md" || tail -3 "$d/decode.log"
     }
-    # What one XLA reduction kernel reads of a layer-sized buffer (the shared MLP's 34.6 MB, a B=1
-    # MoE layer's 138 MB, ...), on GPU time: the floor's bandwidth is that of 2 GiB.
-    python3 -P -c "
-from te_async.bench import timing
-for mb in (17.3, 34.6, 69.2, 103.8, 138.4, 2147.5):
-    bw = timing.hbm_bandwidth(mb * 1e6 / 2**30)
-    print(f'read {mb} MB: {mb / bw * 1e12:.2f} us, {bw / 1e12:.2f} TB/s')" | tee "$R/read_sizes.txt"
+    # What one kernel reads at a layer's sizes, against the 2 GiB floor (python -m te_async.bench read)
+    python3 -P -m te_async.bench read --out "$R/read" > "$R/read.log" 2>&1; cat "$R/read/read.md"
     for run in 1 2; do gen "old_$run" /tmp/old; gen "new_$run" ""; dec "old_$run" /tmp/old; dec "new_$run" ""; done
     echo "=== $(date +%T) benches done at $((SECONDS - T0)) s"
     [ $((SECONDS - T0)) -lt 420 ] && gen new_profiled "" "--detail-batch 1"
