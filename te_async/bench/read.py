@@ -12,7 +12,9 @@ import jax
 
 from . import presets, timing
 
-GPU_MB = (1.0, 4.3, 17.3, 34.6, 69.2, 138.4, 276.8, 553.6, 2147.5)  # 2147.5 MB = the floor's 2 GiB
+# DeepSeek-V2-Lite: a layer's 4096-token latent cache 4.7 MB, one expert 17.3, the shared MLP 34.6,
+# a B=1 MoE layer 138.4; 2147.5 MB is the floor's 2 GiB
+GPU_MB = (1.0, 4.7, 17.3, 34.6, 69.2, 138.4, 276.8, 553.6, 2147.5)
 CPU_MB = (0.25, 1.0, 33.6)
 
 
