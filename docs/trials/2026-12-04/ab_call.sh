@@ -1,11 +1,12 @@
 #!/bin/bash
-# A/B of this folder's patches on the GPU machine, from a checkout of the commit they were made
-# against (2c4f148; README.md). Two calls of `device` (each under its 10-minute limit):
+# A/B of this folder's patches on the GPU machine, from a checkout of main where they apply (made
+# against 2c4f148; README.md). Two calls of `device` (each under its 10-minute limit):
 #   bash docs/trials/2026-12-04/ab_call.sh build   # both wheels (old: the tree; new: the tree + the
 #                                                  # patches), poisoned GPU tests of new, memcheck
-#   bash docs/trials/2026-12-04/ab_call.sh bench   # with the wheels carried back in .gpubuild/ab/:
-#                                                  # old and new alternating, then one profiled step
-# PATCHES (default: every *.patch here) chooses the patches of "new".
+#   bash docs/trials/2026-12-04/ab_call.sh bench   # old and new alternating, bench read, then one
+#                                                  # profiled step of new
+# Between them, copy the wheels/ folder that call 1 returns to .gpubuild/ab/wheels/ and carry
+# .gpubuild/ab (git ignores .gpubuild). PATCHES (default: every *.patch here) chooses new's patches.
 set -u
 here=$(cd "$(dirname "$0")" && pwd); R=/tmp/ab; mkdir -p "$R" "$OUT"; T0=$SECONDS
 patches=${PATCHES:-$(cd "$here" && ls *.patch)}
