@@ -1,11 +1,11 @@
-"""HBM read of one kernel by its size: how near the floor a read of a decode kernel's size gets.
+"""The floors' HBM read probe by size: how near the floor a read of a decode kernel's size gets.
 
 Every floor here is bytes over the read bandwidth of one 2 GiB sum (timing.hbm_bandwidth). A
 decode step's kernels read far less each: at DeepSeek-V2-Lite's batch 1 a MoE layer's experts are
 138 MB, its shared experts 34.6 MB, one routed expert 17.3 MB, so a kernel's start, ramp and tail
-weigh more than they do in 2 GiB. This times the same probe, XLA's sum of a float32 buffer, at
-each size (GPU time on a GPU, wall clock elsewhere) and gives its time over the floor of its
-bytes: about what "within 1.3× of the floor" asks of a kernel of that size.
+weigh more than they do in 2 GiB. This times the same probe, XLA's sum of a float32 buffer (its
+kernels' GPU busy time on a GPU, wall clock elsewhere), at each size and gives its time over the
+floor of its bytes: about what "within 1.3× of the floor" asks of a kernel of that size.
 """
 
 import jax
