@@ -624,6 +624,7 @@ static_assert(FfnSharedBytes(kMaxHidden, kMaxUnits) <= 48 * 1024, "dynamic share
 static_assert(RouteSharedBytes(kMaxHidden, kRouteMaxExperts) <= 48 * 1024, "dynamic shared memory past the default limit");
 static_assert(kRouteMaxExperts <= kThreads && 2 * kRouteMaxExperts + 64 <= kThreads * kVec,
               "BlockTopK's experts and shared memory");
+static_assert(kVec % kReduceColumns == 0, "ReducePartialsKernel's blocks tile every H that FfnArgs accepts");
 
 }  // namespace
 
