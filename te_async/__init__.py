@@ -10,6 +10,7 @@ from .group_sizes import GROUP_SIZES_MODES, HostGroupSizes, copy_group_sizes, ke
 from .expert_parallel import moe_block_ep
 from .mlp import grouped_mlp
 from .ragged import ragged_dot
+from .scan_vjp import scan
 from . import dense, models, plan
 
 __all__ = [
@@ -28,5 +29,6 @@ __all__ = [
     "plan",
     "ragged_dot",
     "reuse_group_sizes",
+    "scan",
     "size_errors",
 ]

@@ -74,12 +74,12 @@ def test_prefill_contenders_agree_with_reference(rng, gemm):
 
 
 @pytest.mark.parametrize("per_layer", [False, True], ids=["shared_sizes", "sizes_per_layer"])
-@pytest.mark.parametrize("scan", [False, True], ids=["unrolled", "scan"])
+@pytest.mark.parametrize("scan", [None, "lax", "te_async"], ids=["unrolled", "lax_scan", "te_async_scan"])
 @pytest.mark.parametrize("contender", [train.REFERENCE, train.DROP_IN, "device", "async"])
 def test_train_stack_matches_float64(rng, scan, contender, per_layer):
     """bench train's timed step: x + mlp(x) per layer, forward and every gradient, unrolled or as a
-    scan over stacked weights, with one size vector or one per layer, against the float64
-    reference's jax.vjp."""
+    scan (jax.lax.scan or te_async.scan) over stacked weights, with one size vector or one per
+    layer, against the float64 reference's jax.vjp."""
     per = [random_group_sizes(rng, EXPERTS, ROWS, kind) for kind in ("zeros", "skewed", "random")[:LAYERS]]
     layer_sizes = per if per_layer else [per[0]] * LAYERS
     sizes = np.stack(per) if per_layer else per[0]

@@ -1,5 +1,5 @@
 """Where a grouped_mlp training step's time goes, per layer, beyond what bench train reports: for
-each case (split, unrolled or scanned layers, depth) the jitted forward + backward of bench train
+each case (split, unrolled layers or a jax.lax.scan or te_async.scan over them, depth) the jitted forward + backward of bench train
 in device mode, timed four ways — bench train's measure (median of 3-call batches), 12 calls
 dispatched back to back, 12 batches of about 40 layers' worth of calls back to back (the
 sustained rate: long enough for the GPU to reach its power cap) and the profiler's GPU busy time
@@ -8,7 +8,7 @@ of single calls — with the profiled call's GPU time per kernel (kernels_<case>
 Run `nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,clocks_event_reasons.active
 --format=csv -lms 100` beside it to see the clocks.
 
-    python3 -P tools/train_probe.py [--preset deepseek-v2-lite] --out DIR even:unrolled:1 even:unrolled:4 even:scan:2 skewed:unrolled:4
+    python3 -P tools/train_probe.py [--preset deepseek-v2-lite] --out DIR even:unrolled:1 even:unrolled:4 even:scan:2 even:te_async_scan:2 skewed:unrolled:4
 """
 import argparse
 import json
@@ -23,8 +23,10 @@ import jax.numpy as jnp
 from te_async.bench import presets, timing, trace, train
 from te_async.bench.prefill import splits
 
+STACKS = {"unrolled": None, "scan": "lax", "te_async_scan": "te_async"}  # a case's stack: bench train's scan
 
-def _weights(model, depth: int, scan: bool):
+
+def _weights(model, depth: int, scan: bool | str | None):
     key = jax.random.key(0)
     normal = lambda i, shape, scale: jax.random.normal(jax.random.fold_in(key, i), shape, jnp.bfloat16) * scale
     w = [(normal(100 + 3 * i, (model.experts, model.hidden, 2 * model.ffn), 1 / math.sqrt(model.hidden)),
@@ -48,17 +50,17 @@ def _profile(f, inputs, out: pathlib.Path, name: str) -> dict:
 
 
 def case_arg(case: str) -> str:
-    """split:unrolled|scan:depth, checked (argparse's type)."""
+    """split:unrolled|scan|te_async_scan:depth, checked (argparse's type)."""
     parts = case.split(":")
-    if (len(parts) != 3 or parts[0] not in ("even", "skewed") or parts[1] not in ("unrolled", "scan")
+    if (len(parts) != 3 or parts[0] not in ("even", "skewed") or parts[1] not in STACKS
             or not parts[2].isdigit() or int(parts[2]) < 1):
-        raise argparse.ArgumentTypeError(f"a case is split:unrolled|scan:depth (split even or skewed, depth >= 1), got {case!r}")
+        raise argparse.ArgumentTypeError(f"a case is split:unrolled|scan|te_async_scan:depth (split even or skewed, depth >= 1), got {case!r}")
     return case
 
 
 def probe(case: str, preset: str, model, out: pathlib.Path) -> dict:
     split, kind, depth = case.split(":")
-    depth, scan = int(depth), kind == "scan"
+    depth, scan = int(depth), STACKS[kind]
     sizes = splits(model, presets.prefill_tokens(preset))[split]
     rows, gs = int(sum(sizes)), jnp.asarray(sizes, jnp.int32)
     key = jax.random.key(1)
@@ -92,7 +94,7 @@ def probe(case: str, preset: str, model, out: pathlib.Path) -> dict:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("cases", nargs="+", type=case_arg, help="split:unrolled|scan:depth, split one of bench prefill's (even, skewed)")
+    ap.add_argument("cases", nargs="+", type=case_arg, help="split:unrolled|scan|te_async_scan:depth, split one of bench prefill's (even, skewed)")
     ap.add_argument("--out", type=pathlib.Path, default=pathlib.Path("out"))
     presets.add_argument(ap)
     args = ap.parse_args()

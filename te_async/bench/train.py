@@ -11,7 +11,8 @@ TransformerEngine stall report (docs/diagnosis-grouped-linear-stall.md; 12288 ro
 experts).
 
 A call runs a stack of layers, x + mlp_i(x) each with its own weights, forward and backward:
-unrolled, or with --scan a lax.scan over stacked weights, as JAX training stacks layers. Time
+unrolled, or with --scan a scan over stacked weights, as JAX training stacks layers: jax.lax.scan,
+or with --scan te_async te_async.scan, whose gradient does not zero-fill the stacked buffers. Time
 per layer two ways, both wall clock (median over batches of back-to-back calls): a 1-layer call,
 which carries the call's fixed cost, and the slope between a 1-layer and a --depth-layer call,
 which is what a layer adds to a model's step. TFLOP/s count the six GEMMs alone, 2 * rows * K * N
@@ -22,12 +23,13 @@ back-to-back calls for torch.
 """
 
 import math
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import GROUP_SIZES_MODES, grouped_mlp, ragged_dot
+from .. import GROUP_SIZES_MODES, grouped_mlp, ragged_dot, scan as te_async_scan
 from ..mlp import normalize
 from . import presets, timing, torch_reference
 from .decode import ACTIVATION, EPS, NORM, ragged_dot_mlp
@@ -37,6 +39,7 @@ REFERENCE = "xla_ragged_dot"
 DROP_IN = "te_async_ragged_dot"  # the same layer as REFERENCE with te_async.ragged_dot swapped in
 TORCH = "torch_grouped_mm"
 CONTENDERS = (REFERENCE, *GROUP_SIZES_MODES, DROP_IN, TORCH)  # the reference first: the others are checked against it
+SCANS = {"lax": jax.lax.scan, "te_async": te_async_scan}
 
 
 def add_arguments(p) -> None:
@@ -46,9 +49,9 @@ def add_arguments(p) -> None:
                    help="default: all (torch_grouped_mm where torch has CUDA)")
     p.add_argument("--depth", type=presets.positive_int, default=4,
                    help="layers of the deeper call the per-layer slope is taken against (default: 4; 1: no slope)")
-    p.add_argument("--scan", action="store_true",
-                   help="the layer stack as a lax.scan over stacked weights, as JAX training stacks layers (torch, "
-                        "eager, is left out)")
+    p.add_argument("--scan", nargs="?", const="lax", choices=tuple(SCANS),
+                   help="the layer stack as a scan over stacked weights, as JAX training stacks layers: jax.lax.scan "
+                        "(lax, the default) or te_async.scan (torch, eager, is left out)")
     p.add_argument("--sizes-per-layer", action="store_true",
                    help="each layer routes its own size vector (the split rotated by the layer's index), as a model's "
                         "layers do; by default all layers share one, whose async copy XLA and JAX's scan make once")
@@ -65,17 +68,17 @@ def layer(contender: str):
                                                     activation=ACTIVATION, group_sizes_mode=contender)
 
 
-def forward_backward(contender: str, scan: bool = False):
+def forward_backward(contender: str, scan: Optional[str] = None):
     """The jitted training step of a layer stack: (x, gs, weights, dy) -> (y, (dx, d weights)), where
     each layer adds its MLP to x and weights holds (w_fc1, w_fc2, norm_scale) per layer, or with
-    `scan` those three stacked over the layers, which a lax.scan runs. gs: the group sizes [G] of
-    every layer, or [layers, G], one row per layer."""
+    `scan` ("lax" or "te_async", a key of SCANS) those three stacked over the layers, which that
+    scan runs. gs: the group sizes [G] of every layer, or [layers, G], one row per layer."""
 
     def forward(x, gs, weights):
         sizes = (lambda i: gs[i]) if gs.ndim == 2 else (lambda i: gs)
         if scan:
             body = lambda c, w: (c + layer(contender)(c, sizes(w[0]), *w[1:]), None)
-            return jax.lax.scan(body, x, (jnp.arange(weights[0].shape[0]), *weights))[0]
+            return SCANS[scan](body, x, (jnp.arange(weights[0].shape[0]), *weights))[0]
         for i, (w1, w2, scale) in enumerate(weights):
             x = x + layer(contender)(x, sizes(i), w1, w2, scale)
         return x
@@ -115,7 +118,7 @@ def _torch_case(sets):
     return step, torch_sets, output
 
 
-def _measure(name: str, sets, reps: int, profile: bool, scan: bool) -> tuple:
+def _measure(name: str, sets, reps: int, profile: bool, scan: Optional[str]) -> tuple:
     """(wall-clock Timing, GPU busy seconds or None, the first set's output as leaves, te_async's
     host-size counters over one call or None for torch) of one contender."""
     if name == TORCH:
@@ -206,6 +209,9 @@ def _cell(r) -> str:
     return one if "slope_ms" not in r else f"{one}; slope {r['slope_ms']:.3f} ({r['slope_tflops']:.3g})"
 
 
+_SCAN_NAMES = {"lax": "a jax.lax.scan", "te_async": "a te_async.scan"}
+
+
 def markdown(result) -> str:
     rows = result["results"]
     splits_run = list(dict.fromkeys(r["split"] for r in rows))
@@ -223,7 +229,7 @@ def markdown(result) -> str:
                          + ", ".join(f"{counts[k]} {k.replace('_', ' ')}" for k in counts if k != "layers"))
     if lines[-1] != "":
         lines.append("")
-    stack = "a lax.scan over the layers" if result["scan"] else "unrolled layers"
+    stack = f"{_SCAN_NAMES[result['scan']]} over the layers" if result["scan"] else "unrolled layers"
     stack += ", each layer its own size vector (the split rotated)" if result.get("sizes_per_layer") else \
         ", one size vector for every layer"
     lines.append(f"grouped_mlp forward + backward, ms per layer ({stack}), {result['preset']}, {result['dtype']}, routed rows: "

@@ -1,0 +1,160 @@
+"""te_async.scan: jax.lax.scan for layer stacks, differentiated without zero-filling stacked buffers.
+
+JAX's scan starts every stacked output at zero: the ys of the forward loop (a training step's
+residuals) and of its transpose (the stacked weights' gradients). XLA keeps those fills although
+the loop overwrites every row: in a scanned DeepSeek-V2-Lite MoE training step on an H200 they
+took 1.6 of 7.3 ms of GPU time (docs/benchmarks.md, table TS). This scan differentiates its loop
+itself (a jax.custom_vjp over two fori_loops): the forward stacks each step's pullback residuals,
+and the backward the cotangents of xs, into `jax.lax.empty` buffers, which XLA's GPU backend
+allocates without writing (AllocateBuffer; the CPU backend fills them with zeros). A residual that
+is the step's own input (its slice of the stacked weights, a value the step closes over) is not
+stacked: the backward passes it again, as JAX's scan forwards it.
+
+Differences from jax.lax.scan: reverse mode only (no jax.jvp), as grouped_mlp; a residual the step
+computes from closed-over values alone (a mask built inside the step) is stacked per step, where
+jax.lax.scan computes it once before its loop: build such values outside the step; the step is
+traced four times (the shape check, its jaxpr, the residual plan, the loop).
+"""
+
+from typing import Any, Callable, Optional
+
+import jax
+import jax.extend.core as jex
+import jax.numpy as jnp
+from jax import lax
+
+
+def _slice(tree, t):
+    return jax.tree.map(lambda a: lax.dynamic_index_in_dim(a, t, keepdims=False), tree)
+
+
+def _put(stacks, values, t):
+    return jax.tree.map(lambda s, v: lax.dynamic_update_index_in_dim(s, v, t, 0), stacks, values)
+
+
+def _empty_stacks(n: int, avals):
+    return jax.tree.map(lambda a: lax.empty((n, *a.shape), a.dtype), avals)
+
+
+def _differentiable(a) -> bool:
+    return jnp.issubdtype(a.dtype, jnp.inexact)
+
+
+def _keep(values, wanted) -> list:
+    """The values whose cotangents are computed (float ones; integers get none)."""
+    return [v for v, w in zip(values, wanted) if w]
+
+
+def _fill(kept, wanted) -> list:
+    """_keep's inverse for cotangents: None (no cotangent) where nothing was kept."""
+    it = iter(kept)
+    return [next(it) if w else None for w in wanted]
+
+
+def _explicit_closure(f, carry_avals, x_avals):
+    """f as step(carry, x, *consts) with every value it closes over an argument: the pullback's
+    residuals that are such values (a mask, the group sizes of every layer) are then recognised
+    and not stacked. jax.closure_convert hoists only the values that may be differentiated."""
+    closed, out_shape = jax.make_jaxpr(f, return_shape=True)(carry_avals, x_avals)
+    out_tree = jax.tree.structure(out_shape)
+
+    def step(carry, x, *consts):
+        flat = jex.jaxpr_as_fun(jex.ClosedJaxpr(closed.jaxpr, consts))(*jax.tree.leaves((carry, x)))
+        return jax.tree.unflatten(out_tree, flat)
+
+    return step, list(closed.consts)
+
+
+def _pullback(step, consts, carry, x):
+    """(the step's outputs, where each leaf of its pullback comes from, the pullback's treedef, the
+    residuals to save). A leaf is ("x", i) or ("const", i), an input of the step that the backward
+    passes again, or ("saved", j), the j-th residual to stack."""
+    out, pullback = jax.vjp(lambda c, x_, k: step(c, x_, *k), carry, x, consts)
+    leaves, treedef = jax.tree.flatten(pullback)
+    known = {id(v): ("x", i) for i, v in enumerate(jax.tree.leaves(x))}
+    known.update({id(v): ("const", i) for i, v in enumerate(consts)})
+    saved = []
+    kinds = []
+    for v in leaves:
+        if id(v) not in known:
+            known[id(v)] = ("saved", len(saved))
+            saved.append(v)
+        kinds.append(known[id(v)])
+    return out, tuple(kinds), treedef, saved
+
+
+def _rebuild(kinds, treedef, consts, x, saved):
+    """The pullback of a step from its inputs and its saved residuals' rows."""
+    sources = {"x": jax.tree.leaves(x), "const": consts, "saved": saved}
+    return jax.tree.unflatten(treedef, [sources[kind][i] for kind, i in kinds])
+
+
+def scan(f: Callable, init: Any, xs: Any = None, length: Optional[int] = None, *, reverse: bool = False,
+         unroll: int | bool = 1):
+    """jax.lax.scan(f, init, xs, length, reverse=reverse, unroll=unroll), whose gradient writes the
+    stacked residuals and the cotangents of xs (a layer stack's weight gradients) into buffers it
+    does not fill first. Checks and errors are jax.lax.scan's own."""
+    carry_avals, ys_avals = jax.eval_shape(lambda c, x: lax.scan(f, c, x, length, reverse=reverse, unroll=unroll),
+                                           init, xs)
+    n = length if length is not None else jax.tree.leaves(xs)[0].shape[0]
+    x_avals = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), xs)
+    y_avals = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), ys_avals)
+    step, consts = _explicit_closure(f, carry_avals, x_avals)
+    order = (lambda i: n - 1 - i) if reverse else (lambda i: i)
+
+    traced = {}  # the pullback's leaf kinds (from a probe) and treedef (from the forward loop's trace)
+
+    def probe(consts, carry, x):
+        _, traced["kinds"], _, saved = _pullback(step, consts, carry, x)
+        return saved
+
+    saved_avals = jax.eval_shape(probe, consts, carry_avals, x_avals)
+
+    def forward(consts, init, xs, save: bool):
+        def body(i, state):
+            carry, ys, saved = state
+            t = order(i)
+            x = _slice(xs, t)
+            if save:
+                (carry, y), kinds, traced["treedef"], rows = _pullback(step, consts, carry, x)
+                if kinds != traced["kinds"]:
+                    raise RuntimeError("te_async.scan: the step's residuals differ between two traces of it")
+                saved = _put(saved, rows, t)
+            else:
+                carry, y = step(carry, x, *consts)
+            return carry, _put(ys, y, t), saved
+
+        state = (init, _empty_stacks(n, y_avals), _empty_stacks(n, saved_avals) if save else [])
+        return lax.fori_loop(0, n, body, state, unroll=unroll)
+
+    @jax.custom_vjp
+    def loop(consts, init, xs):
+        carry, ys, _ = forward(consts, init, xs, save=False)
+        return carry, ys
+
+    def loop_fwd(consts, init, xs):
+        carry, ys, saved = forward(consts, init, xs, save=True)
+        return (carry, ys), (consts, xs, saved)
+
+    def loop_bwd(residuals, cts):
+        consts, xs, saved = residuals
+        ct_carry, ct_ys = cts
+        x_leaves, x_tree = jax.tree.flatten(xs)
+        x_wanted, c_wanted = [_differentiable(a) for a in x_leaves], [_differentiable(c) for c in consts]
+
+        def body(i, state):
+            ct_carry, ct_consts, ct_xs = state
+            t = order(n - 1 - i)
+            x = _slice(xs, t)
+            pullback = _rebuild(traced["kinds"], traced["treedef"], consts, x, _slice(saved, t))
+            d_carry, d_x, d_consts = pullback((ct_carry, _slice(ct_ys, t)))
+            ct_consts = [a + d for a, d in zip(ct_consts, _keep(d_consts, c_wanted))]
+            return d_carry, ct_consts, _put(ct_xs, _keep(jax.tree.leaves(d_x), x_wanted), t)
+
+        state = (ct_carry, [jnp.zeros_like(c) for c in _keep(consts, c_wanted)],
+                 [lax.empty(a.shape, a.dtype) for a in _keep(x_leaves, x_wanted)])
+        ct_init, ct_consts, ct_xs = lax.fori_loop(0, n, body, state, unroll=unroll)
+        return _fill(ct_consts, c_wanted), ct_init, jax.tree.unflatten(x_tree, _fill(ct_xs, x_wanted))
+
+    loop.defvjp(loop_fwd, loop_bwd)
+    return loop(consts, init, xs)

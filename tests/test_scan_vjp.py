@@ -1,0 +1,179 @@
+"""te_async.scan against jax.lax.scan: values, gradients, errors, and what its gradient allocates."""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import te_async
+from helpers import mlp_layer_stack
+from reference import rel_error
+
+
+def _stack(rng, layers=5, rows=3, hidden=4):
+    """Stacked weights and biases of `layers` tanh layers, a float64 input, and one shared vector."""
+    normal = lambda *shape: jnp.asarray(rng.standard_normal(shape))
+    return dict(w=normal(layers, hidden, hidden) / 2, b=normal(layers, hidden), x=normal(rows, hidden),
+                shared=normal(hidden))
+
+
+def _layers(shared):
+    """A step with float and integer xs, float and integer ys, closed over `shared` (a differentiated
+    value, which te_async.scan hoists)."""
+    def step(c, p):
+        w, b, i = p
+        h = jnp.tanh(c @ w + b + shared * (i + 1))
+        return c + h, (jnp.sum(h * h, axis=1), i)
+
+    return step
+
+
+def _loss(scan, x, w, b, shared, **kw):
+    c, (ys, idx) = scan(_layers(shared), x, (w, b, jnp.arange(w.shape[0])), **kw)
+    return jnp.sum(jnp.sin(c)) + jnp.sum(ys**3) + jnp.sum(idx)
+
+
+@pytest.mark.parametrize("reverse,unroll", [(False, 1), (True, 1), (False, 2), (True, 3)])
+def test_values_and_gradients_match_lax_scan(rng, reverse, unroll):
+    a = _stack(rng, layers=int(rng.integers(1, 7)))
+    args = (a["x"], a["w"], a["b"], a["shared"])
+    grad = lambda scan: jax.jit(jax.value_and_grad(lambda *v: _loss(scan, *v, reverse=reverse, unroll=unroll),
+                                                   argnums=(0, 1, 2, 3)))(*args)
+    (v_ours, g_ours), (v_ref, g_ref) = grad(te_async.scan), grad(jax.lax.scan)
+    assert abs(float(v_ours) - float(v_ref)) <= 1e-12 * abs(float(v_ref))
+    for ours, ref in zip(g_ours, g_ref):
+        assert ours.dtype == ref.dtype == jnp.float64 and ours.shape == ref.shape
+        assert float(jnp.max(jnp.abs(ref))) > 0
+        assert rel_error(ours, ref) < 1e-12
+    carry, ys = jax.jit(lambda *v: te_async.scan(_layers(v[3]), v[0], (v[1], v[2], jnp.arange(v[1].shape[0])),
+                                                 reverse=reverse))(*args)
+    ref_carry, ref_ys = jax.lax.scan(_layers(a["shared"]), a["x"], (a["w"], a["b"], jnp.arange(a["w"].shape[0])),
+                                     reverse=reverse)
+    assert rel_error(carry, ref_carry) < 1e-12 and rel_error(ys[0], ref_ys[0]) < 1e-12
+    np.testing.assert_array_equal(ys[1], ref_ys[1])
+
+
+def test_length_without_xs_and_rematerialised_steps(rng):
+    """xs=None with a length, and a jax.checkpoint step (whose residuals are its inputs alone)."""
+    a = _stack(rng)
+    w0 = a["w"][0]
+    step = jax.checkpoint(lambda c, _: (jnp.tanh(c @ w0) + c, c[0]))
+
+    def loss(scan, x):
+        c, ys = scan(step, x, None, length=4)
+        return jnp.sum(c**2) + jnp.sum(jnp.cos(ys))
+
+    for ours, ref in zip(jax.value_and_grad(lambda x: loss(te_async.scan, x))(a["x"]),
+                         jax.value_and_grad(lambda x: loss(jax.lax.scan, x))(a["x"])):
+        assert rel_error(ours, ref) < 1e-12
+
+
+def test_vmap_of_the_gradient(rng):
+    a = _stack(rng)
+    xs = jnp.stack([a["x"], 2 * a["x"]])
+    grad = lambda scan: jax.vmap(jax.grad(lambda x, w: _loss(scan, x, w, a["b"], a["shared"]), argnums=(0, 1)),
+                                 in_axes=(0, None))(xs, a["w"])
+    for ours, ref in zip(grad(te_async.scan), grad(jax.lax.scan)):
+        assert rel_error(ours, ref) < 1e-12
+
+
+def test_grouped_mlp_layer_stack(rng):
+    """The training step of stacked grouped_mlp layers, each with its own group sizes: the gradients
+    of jax.lax.scan over the same layers."""
+    sizes, w1, w2, x0 = mlp_layer_stack(rng, 4, groups=5, rows=37, hidden=8, ffn=6)
+
+    def loss(scan, x, w1, w2):
+        layer = lambda x, p: (x + te_async.grouped_mlp(x, p[2], p[0], p[1]), None)
+        return jnp.sum(scan(layer, x, (w1, w2, jnp.asarray(sizes)))[0] ** 2)
+
+    grad = lambda scan: jax.jit(jax.value_and_grad(lambda *v: loss(scan, *v), argnums=(0, 1, 2)))(x0, w1, w2)
+    (v_ours, g_ours), (v_ref, g_ref) = grad(te_async.scan), grad(jax.lax.scan)
+    assert abs(float(v_ours) - float(v_ref)) <= 1e-6 * abs(float(v_ref))
+    for ours, ref in zip(g_ours, g_ref):
+        assert ours.dtype == jnp.float32 and rel_error(ours, ref) < 1e-5
+
+
+@pytest.mark.parametrize("case", ["leading dims", "carry type", "no length"])
+def test_errors_are_lax_scans(rng, case):
+    a = _stack(rng)
+    step = lambda c, p: (c @ p[0] + p[1], None)
+    args = {
+        "leading dims": (step, a["x"], (a["w"], a["b"][:2])),
+        "carry type": (lambda c, w: ((c @ w).astype(jnp.float32), None), a["x"], a["w"]),
+        "no length": (step, a["x"], None),
+    }[case]
+    with pytest.raises(Exception) as ref:
+        jax.lax.scan(*args)
+    with pytest.raises(type(ref.value)) as ours:
+        te_async.scan(*args)
+    assert str(ours.value) == str(ref.value)
+
+
+def _scalar_fills(text: str, shape: str) -> int:
+    """Broadcasts of a scalar to `shape` (e.g. "5x4x4xf32") in StableHLO text: zero fills."""
+    return len(re.findall(r"broadcast_in_dim %\S+, dims = \[\] : \(tensor<\w+>\) -> tensor<" + shape + ">", text))
+
+
+def test_gradient_for_the_gpu_fills_no_stack(rng):
+    """Lowered for CUDA, lax.scan's gradient zero-fills the stacked residuals and the stacked weights'
+    gradient; te_async.scan's allocates them (AllocateBuffer) and fills neither. The stacked weights
+    are not saved as a residual: one [L, H, H] buffer, their gradient."""
+    layers, rows, hidden = 5, 16, 32
+    w = jnp.asarray(rng.standard_normal((layers, hidden, hidden)), jnp.float32)
+    x = jnp.asarray(rng.standard_normal((rows, hidden)), jnp.float32)
+    step = lambda c, w_l: (c + jnp.tanh(c @ w_l), None)
+    lowered = {}
+    for name, scan in (("lax", jax.lax.scan), ("te_async", te_async.scan)):
+        f = jax.jit(jax.grad(lambda x, w: jnp.sum(scan(step, x, w)[0] ** 2), argnums=(0, 1)))
+        lowered[name] = f.trace(x, w).lower(lowering_platforms=("cuda",)).as_text()
+    stacked_w, stacked_rows = f"{layers}x{hidden}x{hidden}xf32", f"{layers}x{rows}x{hidden}xf32"
+    assert _scalar_fills(lowered["lax"], stacked_w) == 1 and _scalar_fills(lowered["lax"], stacked_rows) >= 1
+    assert _scalar_fills(lowered["te_async"], stacked_w) == 0 and _scalar_fills(lowered["te_async"], stacked_rows) == 0
+    allocated = re.findall(r"custom_call @AllocateBuffer\(\) : \(\) -> tensor<([0-9x]+\w+)>", lowered["te_async"])
+    assert allocated.count(stacked_w) == 1
+    assert allocated.count(stacked_rows) == _scalar_fills(lowered["lax"], stacked_rows)
+
+
+def test_closed_over_values_are_passed_not_stacked(rng):
+    """Values the step closes over are passed again to each step's pullback, as jax.lax.scan does:
+    the group sizes every layer shares (a residual of grouped_mlp) are not stacked per layer
+    (jax.closure_convert alone would leave them to be saved, being integers), and a closed-over
+    float (the norm scale) gets the sum of its layers' gradients."""
+    layers, groups, rows, hidden = 4, 3, 20, 8
+    sizes, w1, w2, x = mlp_layer_stack(rng, layers, groups=groups, rows=rows, hidden=hidden, ffn=5)
+    gs = jnp.asarray(sizes[0])
+    scale = jnp.asarray(1 + 0.1 * rng.standard_normal(hidden), jnp.float32)
+
+    def loss(scan, x, w1, w2, scale, gs):
+        step = lambda c, w: (c + te_async.grouped_mlp(c, gs, w[0], w[1], norm_scale=scale), None)
+        return jnp.sum(scan(step, x, (w1, w2))[0] ** 2)
+
+    grads = {name: jax.jit(jax.grad(lambda *a: loss(scan, *a), argnums=(0, 1, 2, 3)))
+             for name, scan in (("lax", jax.lax.scan), ("te_async", te_async.scan))}
+    for ours, ref in zip(grads["te_async"](x, w1, w2, scale, gs), grads["lax"](x, w1, w2, scale, gs)):
+        assert rel_error(ours, ref) < 1e-5
+    lowered = grads["te_async"].trace(x, w1, w2, scale, gs).lower(lowering_platforms=("cuda",)).as_text()
+    allocated = re.findall(r"custom_call @AllocateBuffer\(\) : \(\) -> tensor<([0-9x]+\w+)>", lowered)
+    assert f"{layers}x{rows}x{hidden}xf32" in allocated and f"{layers}x{groups}xi32" not in allocated
+
+
+@pytest.mark.gpu
+def test_compiled_training_step_fills_no_stack_on_the_gpu(rng):
+    """What XLA's GPU compiler keeps: no fusion of the scanned grouped_mlp step broadcasts into a
+    stacked weight's shape (jax.lax.scan's gradient zero-fills both, 1.6 of 7.3 ms of a 2-layer
+    DeepSeek-V2-Lite step on an H200), the six grouped GEMMs a layer, and lax.scan's gradients."""
+    layers = 3
+    sizes, w1, w2, x0 = mlp_layer_stack(rng, layers, groups=4, rows=40, hidden=16, ffn=8, dtype=jnp.bfloat16)
+    layer = lambda x, p: (x + te_async.grouped_mlp(x, p[2], p[0], p[1], norm=None, group_sizes_mode="device"), None)
+    steps = {name: jax.jit(jax.grad(lambda x, w1, w2: jnp.sum(scan(layer, x, (w1, w2, jnp.asarray(sizes)))[0]
+                                                          .astype(jnp.float32) ** 2), argnums=(0, 1, 2)))
+             for name, scan in (("lax", jax.lax.scan), ("te_async", te_async.scan))}
+    compiled = {name: f.lower(x0, w1, w2).compile().as_text() for name, f in steps.items()}
+    fills = lambda text, w: len(re.findall(r"%\S*broadcast\S* = bf16\[" + ",".join(map(str, w.shape)) + r"\]", text))
+    assert fills(compiled["lax"], w1) + fills(compiled["lax"], w2) >= 1  # what the test looks for exists
+    assert fills(compiled["te_async"], w1) == fills(compiled["te_async"], w2) == 0
+    assert compiled["te_async"].count('custom_call_target="te_async_grouped_gemm_device"') == 6
+    for ours, ref in zip(steps["te_async"](x0, w1, w2), steps["lax"](x0, w1, w2)):
+        assert rel_error(ours.astype(jnp.float32), ref.astype(jnp.float32)) < 1e-2
