@@ -107,12 +107,29 @@ def test_train_stack_matches_float64(rng, scan, contender, per_layer):
                                           (["dense", "--rows", "0"], "must be a positive integer"),
                                           (["dense", "--layers", "-2"], "must be a positive integer"),
                                           (["train", "--depth", "0"], "must be a positive integer"),
-                                          (["train", "--contenders", "torch"], "invalid choice")])
+                                          (["train", "--contenders", "torch"], "invalid choice"),
+                                          (["train", "--scan", "flax"], "invalid choice")])
 def test_unknown_mode_or_gemm_is_refused_before_any_work(tmp_path, capsys, argv, message):
     with pytest.raises(SystemExit) as e:
         cli.main([*argv, "--out", str(tmp_path)])
     assert e.value.code == 2 and message in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
+
+
+def test_train_bench_runs_each_contender_under_each_scan(tmp_path):
+    """bench train --scan lax te_async: every contender under both scans in one run, the reference
+    once (under the first), and both scans' gradients the reference's."""
+    cli.main(["train", "--preset", "tiny", "--scan", "lax", "te_async", "--contenders", train.REFERENCE, "device",
+              "--depth", "2", "--reps", "2", "--out", str(tmp_path)])
+    result = json.loads((tmp_path / "train.json").read_text())
+    assert result["scan"] == ["lax", "te_async"]
+    for split in ("even", "skewed"):
+        rows = [r for r in result["results"] if r["split"] == split]
+        assert [(r["scan"], r["contender"]) for r in rows] == [("lax", train.REFERENCE), ("lax", "device"),
+                                                               ("te_async", "device")]
+        for r in rows[1:]:
+            assert "error" not in r and r["rel_error_vs_ragged_dot"] < 1e-4 and r["slope_ms"] is not None
+    assert "| device, te_async.scan |" in (tmp_path / "train.md").read_text()
 
 
 def test_dense_bench_contenders_agree_and_cover_the_layer(rng):

@@ -12,7 +12,8 @@ experts).
 
 A call runs a stack of layers, x + mlp_i(x) each with its own weights, forward and backward:
 unrolled, or with --scan a scan over stacked weights, as JAX training stacks layers: jax.lax.scan,
-or with --scan te_async te_async.scan, whose gradient does not zero-fill the stacked buffers. Time
+te_async.scan (whose gradient does not zero-fill the stacked buffers), or each in turn in one run
+(--scan lax te_async). Time
 per layer two ways, both wall clock (median over batches of back-to-back calls): a 1-layer call,
 which carries the call's fixed cost, and the slope between a 1-layer and a --depth-layer call,
 which is what a layer adds to a model's step. TFLOP/s count the six GEMMs alone, 2 * rows * K * N
@@ -22,6 +23,7 @@ timed on GPU time: the profiler's kernel time (busy) for the JAX contenders, CUD
 back-to-back calls for torch.
 """
 
+import itertools
 import math
 from typing import Optional
 
@@ -49,9 +51,10 @@ def add_arguments(p) -> None:
                    help="default: all (torch_grouped_mm where torch has CUDA)")
     p.add_argument("--depth", type=presets.positive_int, default=4,
                    help="layers of the deeper call the per-layer slope is taken against (default: 4; 1: no slope)")
-    p.add_argument("--scan", nargs="?", const="lax", choices=tuple(SCANS),
+    p.add_argument("--scan", nargs="*", choices=tuple(SCANS),
                    help="the layer stack as a scan over stacked weights, as JAX training stacks layers: jax.lax.scan "
-                        "(lax, the default) or te_async.scan (torch, eager, is left out)")
+                        "(lax, what --scan alone runs) and/or te_async.scan, each contender under each (torch, eager, "
+                        "is left out)")
     p.add_argument("--sizes-per-layer", action="store_true",
                    help="each layer routes its own size vector (the split rotated by the layer's index), as a model's "
                         "layers do; by default all layers share one, whose async copy XLA and JAX's scan make once")
@@ -143,10 +146,12 @@ def run(args) -> dict:
                 normal(101 + 3 * i, (model.experts, model.ffn, model.hidden), 1 / math.sqrt(model.ffn)),
                 1 + 0.1 * jax.random.normal(jax.random.fold_in(key, 102 + 3 * i), (model.hidden,), jnp.float32))
                for i in range(args.depth)]
-    if args.scan:
+    stacked = args.scan is not None
+    scans = (args.scan or ["lax"]) if stacked else [None]  # None: unrolled
+    if stacked:
         weights = tuple(jnp.stack(w) for w in zip(*weights))
-    layers = (lambda depth: tuple(w[:depth] for w in weights)) if args.scan else (lambda depth: weights[:depth])
-    names = [c for c in CONTENDERS if c in args.contenders and (c != TORCH or (jax.default_backend() == "gpu" and not args.scan))]
+    layers = (lambda depth: tuple(w[:depth] for w in weights)) if stacked else (lambda depth: weights[:depth])
+    names = [c for c in CONTENDERS if c in args.contenders and (c != TORCH or (jax.default_backend() == "gpu" and not stacked))]
     results = []
     for split, sizes in splits(model, tokens).items():
         rows = int(sum(sizes))
@@ -158,15 +163,18 @@ def run(args) -> dict:
         flops = gemm_flops(rows, model)
         inputs = [(normal(10 + i, (rows, model.hidden)), normal(20 + i, (rows, model.hidden))) for i in range(2)]
         reference = None
-        for name in names:
-            row = {"split": split, "contender": name, "rows": rows, "gemm_flops_per_layer": flops, "rel_error_vs_ragged_dot": None}
+        for scan, name in itertools.product(scans, names):
+            if name == REFERENCE and reference is not None:
+                continue  # once, under the first scan: every contender is checked against it
+            row = {"split": split, "contender": name, "scan": scan, "rows": rows, "gemm_flops_per_layer": flops,
+                   "rel_error_vs_ragged_dot": None}
             try:
                 reps = args.reps if name != REFERENCE else max(5, args.reps // 6)  # ragged_dot is slow on a GPU
                 depths = (1,) if name == REFERENCE or args.depth == 1 else (1, args.depth)
                 per_depth = {}
                 for depth in depths:
                     sets = [(x, group_sizes(depth), layers(depth), dy) for x, dy in inputs]
-                    per_depth[depth] = _measure(name, sets, reps, profile=depth == 1, scan=args.scan)
+                    per_depth[depth] = _measure(name, sets, reps, profile=depth == 1, scan=scan)
                 t1, gpu_s, out, _ = per_depth[1]
                 deepest = max(per_depth)
                 if per_depth[deepest][3] is not None:  # what the deepest call copied, waited for and reused
@@ -185,20 +193,28 @@ def run(args) -> dict:
             results.append(row)
             print(_line(row), flush=True)
     result = {"benchmark": "train", "preset": preset, "shapes": model._asdict(), "tokens": tokens, "depth": args.depth,
-              "scan": args.scan, "sizes_per_layer": args.sizes_per_layer,
+              "scan": scans if stacked else None, "sizes_per_layer": args.sizes_per_layer,
               "dtype": jnp.dtype(dtype).name, "results": results}
     (args.out / "train.md").write_text(markdown(result))
     print(markdown(result))
     return result
 
 
+_SCAN_NAMES = {"lax": "jax.lax.scan", "te_async": "te_async.scan"}
+
+
+def _label(row) -> str:
+    """The contender, and the scan it ran under where it ran under one."""
+    return row["contender"] if row.get("scan") is None else f"{row['contender']}, {_SCAN_NAMES[row['scan']]}"
+
+
 def _line(row) -> str:
     if "error" in row:
-        return f"{row['split']:6s} {row['contender']:16s} error: {row['error'][:160]}"
+        return f"{row['split']:6s} {_label(row):16s} error: {row['error'][:160]}"
     gpu = "" if row["gpu_tflops"] is None else f" (GPU time {row['gpu_tflops']:6.3g})"
     slope = "" if "slope_ms" not in row else f"; slope over {row['depth']} layers {row['slope_ms']:.3f} ms {row['slope_tflops']:6.3g} TFLOP/s"
     err = "" if row["rel_error_vs_ragged_dot"] is None else f"  err vs ragged_dot {row['rel_error_vs_ragged_dot']:.1e}"
-    return f"{row['split']:6s} {row['contender']:16s} {row['median_ms']:9.3f} ms/layer {row['tflops']:7.3g} TFLOP/s{gpu}{slope}{err}"
+    return f"{row['split']:6s} {_label(row):16s} {row['median_ms']:9.3f} ms/layer {row['tflops']:7.3g} TFLOP/s{gpu}{slope}{err}"
 
 
 def _cell(r) -> str:
@@ -209,27 +225,25 @@ def _cell(r) -> str:
     return one if "slope_ms" not in r else f"{one}; slope {r['slope_ms']:.3f} ({r['slope_tflops']:.3g})"
 
 
-_SCAN_NAMES = {"lax": "a jax.lax.scan", "te_async": "a te_async.scan"}
-
-
 def markdown(result) -> str:
     rows = result["results"]
     splits_run = list(dict.fromkeys(r["split"] for r in rows))
     lines = ["| contender | " + " | ".join(f"{s}: ms per layer (TFLOP/s)" for s in splits_run) + " |",
              "|---" * (len(splits_run) + 1) + "|"]
-    for name in dict.fromkeys(r["contender"] for r in rows):
-        cells = [_cell(next(r for r in rows if r["split"] == split and r["contender"] == name)) for split in splits_run]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    for label in dict.fromkeys(map(_label, rows)):
+        cells = [_cell(next(r for r in rows if r["split"] == split and _label(r) == label)) for split in splits_run]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
     rows_by_split = ", ".join(f"{s} {next(r['rows'] for r in rows if r['split'] == s)}" for s in splits_run)
     lines.append("")
     for r in rows:
         counts = r.get("host_sizes")
         if counts and counts["copies"] + counts["sync_reads"]:
-            lines.append(f"- {r['contender']}, {r['split']}: per {counts['layers']}-layer call "
+            lines.append(f"- {_label(r)}, {r['split']}: per {counts['layers']}-layer call "
                          + ", ".join(f"{counts[k]} {k.replace('_', ' ')}" for k in counts if k != "layers"))
     if lines[-1] != "":
         lines.append("")
-    stack = f"{_SCAN_NAMES[result['scan']]} over the layers" if result["scan"] else "unrolled layers"
+    stack = "unrolled layers" if result["scan"] is None else \
+        " and ".join(_SCAN_NAMES[s] for s in result["scan"]) + " over the layers"
     stack += ", each layer its own size vector (the split rotated)" if result.get("sizes_per_layer") else \
         ", one size vector for every layer"
     lines.append(f"grouped_mlp forward + backward, ms per layer ({stack}), {result['preset']}, {result['dtype']}, routed rows: "
