@@ -6,16 +6,17 @@ the loop overwrites every row: in a scanned DeepSeek-V2-Lite MoE training step o
 took 1.6 of 7.3 ms of GPU time (docs/benchmarks.md, table TS). This scan differentiates its loop
 itself (a jax.custom_vjp over two fori_loops): the forward stacks each step's pullback residuals,
 and the backward the cotangents of xs, into `jax.lax.empty` buffers, which XLA's GPU backend
-allocates without writing (AllocateBuffer; the CPU backend fills them with zeros). A residual that
-is the step's own input (its slice of the stacked weights, a value the step closes over) is not
-stacked: the backward passes it again, as JAX's scan forwards it.
+allocates without writing (AllocateBuffer; the CPU backend fills them with zeros). As in JAX's
+scan, only residuals that change from step to step are stacked: one that is the step's own input
+(its slice of the stacked weights, a value the step closes over) is passed again, and one computed
+from closed-over values alone (a mask built inside the step) is computed once, before the loop.
 
-Differences from jax.lax.scan: reverse mode only (no jax.jvp), as grouped_mlp; a residual the step
-computes from closed-over values alone (a mask built inside the step) is stacked per step, where
-jax.lax.scan computes it once before its loop: build such values outside the step; the step is
-traced four times (the shape check, its jaxpr, the residual plan, the loop).
+Differences from jax.lax.scan: reverse mode only (no jax.jvp), as grouped_mlp; the step is traced
+four or five times (the shape check, its jaxpr, the residual plan, the loop, and the residuals
+computed once where there are any).
 """
 
+import itertools
 from typing import Any, Callable, Optional
 
 import jax
@@ -40,15 +41,31 @@ def _differentiable(a) -> bool:
     return jnp.issubdtype(a.dtype, jnp.inexact)
 
 
-def _keep(values, wanted) -> list:
-    """The values whose cotangents are computed (float ones; integers get none)."""
-    return [v for v, w in zip(values, wanted) if w]
+def _keep(values, flags) -> list:
+    """The values whose flag is set."""
+    return [v for v, f in zip(values, flags) if f]
+
+
+def _merge(flags, when_set, otherwise) -> list:
+    """_keep's inverse: the next of `when_set` where a flag is set, else the next of `otherwise`."""
+    a, b = iter(when_set), iter(otherwise)
+    return [next(a) if f else next(b) for f in flags]
 
 
 def _fill(kept, wanted) -> list:
-    """_keep's inverse for cotangents: None (no cotangent) where nothing was kept."""
-    it = iter(kept)
-    return [next(it) if w else None for w in wanted]
+    """Cotangents for all values from those kept: None (no cotangent) where none was computed."""
+    return _merge(wanted, kept, itertools.repeat(None))
+
+
+def _varying_outputs(jaxpr, first_varying: int) -> list:
+    """Which outputs of `jaxpr` depend on its inputs from `first_varying` on (the step's carry and
+    x): the residuals that change from step to step. A nested jaxpr counts as depending on all of
+    its inputs."""
+    varying = set(jaxpr.invars[first_varying:])
+    for eqn in jaxpr.eqns:
+        if any(isinstance(v, jex.Var) and v in varying for v in eqn.invars):
+            varying.update(eqn.outvars)
+    return [isinstance(v, jex.Var) and v in varying for v in jaxpr.outvars]
 
 
 def _explicit_closure(f, carry_avals, x_avals):
@@ -108,7 +125,9 @@ def scan(f: Callable, init: Any, xs: Any = None, length: Optional[int] = None, *
         _, traced["kinds"], _, saved = _pullback(step, consts, carry, x)
         return saved
 
-    saved_avals = jax.eval_shape(probe, consts, carry_avals, x_avals)
+    probe_jaxpr, saved_avals = jax.make_jaxpr(probe, return_shape=True)(consts, carry_avals, x_avals)
+    varying = _varying_outputs(probe_jaxpr.jaxpr, len(consts))
+    zeros = lambda avals: jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), avals)
 
     def forward(consts, init, xs, save: bool):
         def body(i, state):
@@ -119,12 +138,12 @@ def scan(f: Callable, init: Any, xs: Any = None, length: Optional[int] = None, *
                 (carry, y), kinds, traced["treedef"], rows = _pullback(step, consts, carry, x)
                 if kinds != traced["kinds"]:
                     raise RuntimeError("te_async.scan: the step's residuals differ between two traces of it")
-                saved = _put(saved, rows, t)
+                saved = _put(saved, _keep(rows, varying), t)
             else:
                 carry, y = step(carry, x, *consts)
             return carry, _put(ys, y, t), saved
 
-        state = (init, _empty_stacks(n, y_avals), _empty_stacks(n, saved_avals) if save else [])
+        state = (init, _empty_stacks(n, y_avals), _empty_stacks(n, _keep(saved_avals, varying)) if save else [])
         return lax.fori_loop(0, n, body, state, unroll=unroll)
 
     @jax.custom_vjp
@@ -133,11 +152,14 @@ def scan(f: Callable, init: Any, xs: Any = None, length: Optional[int] = None, *
         return carry, ys
 
     def loop_fwd(consts, init, xs):
-        carry, ys, saved = forward(consts, init, xs, save=True)
-        return (carry, ys), (consts, xs, saved)
+        carry, ys, stacks = forward(consts, init, xs, save=True)
+        # The residuals that do not change, once (any carry and x give them; XLA drops the rest).
+        fixed = [] if all(varying) else \
+            [r for r, v in zip(probe(consts, zeros(carry_avals), zeros(x_avals)), varying) if not v]
+        return (carry, ys), (consts, xs, stacks, fixed)
 
     def loop_bwd(residuals, cts):
-        consts, xs, saved = residuals
+        consts, xs, stacks, fixed = residuals
         ct_carry, ct_ys = cts
         x_leaves, x_tree = jax.tree.flatten(xs)
         x_wanted, c_wanted = [_differentiable(a) for a in x_leaves], [_differentiable(c) for c in consts]
@@ -146,7 +168,8 @@ def scan(f: Callable, init: Any, xs: Any = None, length: Optional[int] = None, *
             ct_carry, ct_consts, ct_xs = state
             t = order(n - 1 - i)
             x = _slice(xs, t)
-            pullback = _rebuild(traced["kinds"], traced["treedef"], consts, x, _slice(saved, t))
+            rows = _merge(varying, _slice(stacks, t), fixed)
+            pullback = _rebuild(traced["kinds"], traced["treedef"], consts, x, rows)
             d_carry, d_x, d_consts = pullback((ct_carry, _slice(ct_ys, t)))
             ct_consts = [a + d for a, d in zip(ct_consts, _keep(d_consts, c_wanted))]
             return d_carry, ct_consts, _put(ct_xs, _keep(jax.tree.leaves(d_x), x_wanted), t)

@@ -159,6 +159,34 @@ def test_closed_over_values_are_passed_not_stacked(rng):
     assert f"{layers}x{rows}x{hidden}xf32" in allocated and f"{layers}x{groups}xi32" not in allocated
 
 
+def test_residuals_that_do_not_change_are_computed_once(rng):
+    """A residual the step computes from closed-over values alone (here a causal mask from the
+    positions and a float table from a closed-over vector) is computed once, before the loop, as
+    jax.lax.scan hoists it: no [L, ...] buffer of it; the gradients are jax.lax.scan's."""
+    layers, rows, hidden = 5, 12, 16
+    w = jnp.asarray(rng.standard_normal((layers, hidden, hidden)) / 4, jnp.float32)
+    x = jnp.asarray(rng.standard_normal((rows, hidden)), jnp.float32)
+    positions = jnp.arange(rows)
+    freq = jnp.asarray(rng.standard_normal(hidden), jnp.float32)
+
+    def loss(scan, x, w, freq):
+        def step(c, w_l):
+            causal = (positions[:, None] >= positions[None, :]).astype(jnp.float32)
+            table = jnp.cos(positions[:, None] * freq)  # [rows, hidden], differentiable in freq
+            return c + causal @ jnp.tanh(c @ w_l) * table, None
+
+        return jnp.sum(scan(step, x, w)[0] ** 2)
+
+    grads = {name: jax.jit(jax.grad(lambda *a: loss(scan, *a), argnums=(0, 1, 2)))
+             for name, scan in (("lax", jax.lax.scan), ("te_async", te_async.scan))}
+    for ours, ref in zip(grads["te_async"](x, w, freq), grads["lax"](x, w, freq)):
+        assert float(jnp.max(jnp.abs(ref))) > 0 and rel_error(ours, ref) < 1e-5
+    lowered = grads["te_async"].trace(x, w, freq).lower(lowering_platforms=("cuda",)).as_text()
+    allocated = re.findall(r"custom_call @AllocateBuffer\(\) : \(\) -> tensor<([0-9x]+\w+)>", lowered)
+    assert f"{layers}x{rows}x{hidden}xf32" in allocated  # the carry and the tanh: they change
+    assert f"{layers}x{rows}x{rows}xf32" not in allocated
+
+
 @pytest.mark.gpu
 def test_compiled_training_step_fills_no_stack_on_the_gpu(rng):
     """What XLA's GPU compiler keeps: no fusion of the scanned grouped_mlp step broadcasts into a
