@@ -57,14 +57,27 @@ def _fill(kept, wanted) -> list:
     return _merge(wanted, kept, itertools.repeat(None))
 
 
-def _varying_outputs(jaxpr, first_varying: int) -> list:
-    """Which outputs of `jaxpr` depend on its inputs from `first_varying` on (the step's carry and
-    x): the residuals that change from step to step. A nested jaxpr counts as depending on all of
-    its inputs."""
-    varying = set(jaxpr.invars[first_varying:])
+# Call-like primitives whose params["jaxpr"] takes the eqn's inputs and gives its outputs, one for
+# one, evaluated once: _varying_outputs looks inside them. Any other nested jaxpr (loops, custom
+# derivatives) counts as depending on all of its inputs.
+_CALLS = ("jit", "pjit", "closed_call", "checkpoint", "remat")
+
+
+def _varying_outputs(jaxpr, varying_inputs) -> list:
+    """Which outputs of `jaxpr` depend on the inputs flagged in `varying_inputs` (the step's carry
+    and x): the residuals that change from step to step; the others are computed once."""
+    varying = {v for v, f in zip(jaxpr.invars, varying_inputs) if f}
     for eqn in jaxpr.eqns:
-        if any(isinstance(v, jex.Var) and v in varying for v in eqn.invars):
-            varying.update(eqn.outvars)
+        flags = [isinstance(v, jex.Var) and v in varying for v in eqn.invars]
+        if not any(flags):
+            continue
+        inner = eqn.params.get("jaxpr")
+        inner = getattr(inner, "jaxpr", inner)  # a ClosedJaxpr's jaxpr
+        if eqn.primitive.name in _CALLS and isinstance(inner, jex.Jaxpr):
+            out = _varying_outputs(inner, flags)
+        else:
+            out = [True] * len(eqn.outvars)
+        varying.update(v for v, f in zip(eqn.outvars, out) if f)
     return [isinstance(v, jex.Var) and v in varying for v in jaxpr.outvars]
 
 
@@ -126,7 +139,7 @@ def scan(f: Callable, init: Any, xs: Any = None, length: Optional[int] = None, *
         return saved
 
     probe_jaxpr, saved_avals = jax.make_jaxpr(probe, return_shape=True)(consts, carry_avals, x_avals)
-    varying = _varying_outputs(probe_jaxpr.jaxpr, len(consts))
+    varying = _varying_outputs(probe_jaxpr.jaxpr, [i >= len(consts) for i in range(len(probe_jaxpr.jaxpr.invars))])
     zeros = lambda avals: jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), avals)
 
     def forward(consts, init, xs, save: bool):

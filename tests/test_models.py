@@ -6,6 +6,7 @@ shapes and decode_bytes. Parity with transformers itself is tests/test_models_hf
 import dataclasses
 import json
 import math
+import re
 
 import jax
 import jax.numpy as jnp
@@ -208,6 +209,30 @@ def test_generate_unrolled_matches_the_scan(name):
     for unroll, scans in ((False, 1), (True, 0)):
         jaxpr = jax.make_jaxpr(lambda s: models.model._greedy_step(params, config, s, None, "te_async", unroll))(state)
         assert str(jaxpr).count("scan[") == scans
+
+
+@pytest.mark.parametrize("name", ["deepseek_v2_scan", "mixtral_scan"])
+def test_forward_gradients_through_te_async_scan(name):
+    """forward scans its layer runs with te_async.scan (the pass a training step differentiates):
+    its gradients with respect to every parameter are those of the same layers written out, and,
+    lowered for the GPU, its gradient allocates the stacked buffers (the run's weight gradients and
+    residuals) without filling any with zeros."""
+    config, params, tokens, _ = make_model(name)
+    layers = models.layer_runs(config)[-1][1]
+
+    def loss(p, unroll):
+        x, _, _ = models.model._decoder(p, config, jnp.asarray(tokens), None, None, None, "te_async", unroll)
+        return jnp.sum(models.model._logits(p, x) ** 2)
+
+    grad = jax.jit(jax.grad(loss), static_argnums=1)
+    paths = jax.tree_util.tree_leaves_with_path(grad(params, False))
+    for (path, ours), ref in zip(paths, jax.tree.leaves(grad(params, True))):
+        assert float(jnp.max(jnp.abs(ref))) > 0, path
+        assert rel_error(ours, ref) < 1e-4, path
+    lowered = jax.jit(jax.grad(lambda p: loss(p, False))).trace(params).lower(lowering_platforms=("cuda",)).as_text()
+    fills = re.findall(rf"broadcast_in_dim %\S+, dims = \[\] : \(tensor<\w+>\) -> tensor<{layers}x", lowered)
+    stacks = re.findall(rf"custom_call @AllocateBuffer\(\) : \(\) -> tensor<{layers}x", lowered)
+    assert not fills and len(stacks) >= len(jax.tree.leaves(params["layers"][-1]))
 
 
 def _moe_reference(p, config, x):

@@ -2,10 +2,11 @@
 cache), decode_step (one jitted step against the cache) and greedy generate.
 
 Layers run by runs (params.layer_runs): a run of one layer runs inline, under the named scope
-`layer{i}`; a longer run of consecutive layers of one structure is one jax.lax.scan over its
-stacked params and cache, under the named scope `layers{first}-{last}`, so that the compiled
-program holds one body per run whatever the depth (DeepSeek-V2-Lite: `layer0`, dense, then
-`layers1-26`). Inside a scan body each layer writes only its new cache entries into the run's
+`layer{i}`; a longer run of consecutive layers of one structure is one scan over its stacked
+params and cache, under the named scope `layers{first}-{last}`, so that the compiled program holds
+one body per run whatever the depth (DeepSeek-V2-Lite: `layer0`, dense, then `layers1-26`). With a
+cache (prefill, decode) that is jax.lax.scan; without one (forward, the pass a training step
+differentiates) te_async.scan, whose gradient does not zero-fill the stacked weight gradients. Inside a scan body each layer writes only its new cache entries into the run's
 stacked cache (a carry, updated in place) and reads its layer of it. generate's decode steps write
 the runs out layer by layer at the batches where that measured faster (unrolls). Token ids are
 checked on the host where the values are at hand (forward, prefill, generate); inside jit, where
@@ -21,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import dense
+from ..scan_vjp import scan as te_async_scan
 from .attention import LayerOf, gqa_attention
 from .cache import cache_batch, cache_length, cache_shapes, init_cache
 from .config import Config
@@ -111,7 +113,7 @@ def _decoder(params, cfg: Config, tokens, cache, position, group_sizes_mode, exp
                 (x, stack), chosen = body(carry, (layer, 0))
                 chosen = None if chosen is None else chosen[None]
             else:
-                scan = _unrolled if unroll else jax.lax.scan
+                scan = _unrolled if unroll else (te_async_scan if cache is None else jax.lax.scan)
                 (x, stack), chosen = scan(body, carry, (params["layers"][r], jnp.arange(n, dtype=jnp.int32)))
         new_cache.append(stack)
         if chosen is not None:
