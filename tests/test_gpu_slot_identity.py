@@ -1,7 +1,9 @@
 """Async mode's pinned slots under the ways XLA moves a handle: carried through lax.scan, stacked
 as scan outputs and consumed in reverse, rematerialised, donated, 200 copies in flight (more
-than the ring's 64 slots), and a backward pass reusing its forward's copy, unrolled and scanned. A slot is found by its handle's address (csrc/cuda/host_size_slots.h);
-the GPU checks every pinned read and redoes a stale one (csrc/cuda/host_sizes_guard.h).
+than the ring's 64 slots), and a backward pass reusing its forward's copy, unrolled and scanned
+(jax.lax.scan and te_async.scan). A slot is found by its handle's address
+(csrc/cuda/host_size_slots.h); the GPU checks every pinned read and redoes a stale one
+(csrc/cuda/host_sizes_guard.h).
 
 Every scenario compares its outputs with float64 and prints the counters. Under
 TE_ASYNC_VERIFY_HOST_SIZES=1 (tools/gpu_check.sh's test stage) every pinned read is also
@@ -117,12 +119,19 @@ def _mlp_layers(rng, layers: int):
     return sizes, x, w_fc1, w_fc2
 
 
-def _mlp_stack_grads(layer, scan: bool):
-    """Gradients of sum(y^2) through x + layer(x, sizes_i, w1_i, w2_i) per layer, unrolled or as a
-    lax.scan: a jitted (x, sizes, w1, w2) -> (dx, dw1, dw2)."""
+# The stacks a layer stack runs as: written out, or one of the scans (te_async.scan runs its own
+# backward loop, which must find the forward's copies as jax.lax.scan's transpose does).
+STACKS = {"unrolled": None, "scan": jax.lax.scan, "te_async_scan": te_async.scan}
+
+
+def _mlp_stack_grads(layer, stack: str):
+    """Gradients of sum(y^2) through x + layer(x, sizes_i, w1_i, w2_i) per layer, as STACKS[stack]
+    runs them: a jitted (x, sizes, w1, w2) -> (dx, dw1, dw2)."""
+    scan = STACKS[stack]
+
     def forward(a, s, w1, w2):
-        if scan:
-            return jax.lax.scan(lambda c, xs: (c + layer(c, *xs), None), a, (s, w1, w2))[0]
+        if scan is not None:
+            return scan(lambda c, xs: (c + layer(c, *xs), None), a, (s, w1, w2))[0]
         for i in range(s.shape[0]):
             a = a + layer(a, s[i], w1[i], w2[i])
         return a
@@ -155,9 +164,9 @@ def _two_gemm_mlp(a, s, w1, w2):
 
 
 @pytest.mark.parametrize("shared", [False, True], ids=["per_layer", "shared"])
-@pytest.mark.parametrize("scan", [False, True], ids=["unrolled", "scan"])
+@pytest.mark.parametrize("stack", list(STACKS))
 @pytest.mark.parametrize("remat", [False, True], ids=["saved", "remat"])
-def test_backward_reuses_forward_copy(rng, scan, remat, shared):
+def test_backward_reuses_forward_copy(rng, stack, remat, shared):
     """Each layer's backward takes its forward's copy (keep_group_sizes, reuse_group_sizes), so
     an async training step copies the sizes at most once per layer: in an unrolled stack the kept
     handle is found by its address; under scan the stacked residuals reach the backward at new
@@ -173,8 +182,8 @@ def test_backward_reuses_forward_copy(rng, scan, remat, shared):
         sizes = np.repeat(sizes[:1], layers, axis=0)
         base = lambda a, s, w1, w2: _async_mlp(a, jnp.asarray(sizes[0]), w1, w2)
     layer = jax.checkpoint(base) if remat else base
-    name = f"backward reuse ({'scan' if scan else 'unrolled'}, {'remat' if remat else 'saved'}, {'shared' if shared else 'per layer'})"
-    grads, delta = run(name, _mlp_stack_grads(layer, scan), x, sizes, w_fc1, w_fc2)
+    name = f"backward reuse ({stack}, {'remat' if remat else 'saved'}, {'shared' if shared else 'per layer'})"
+    grads, delta = run(name, _mlp_stack_grads(layer, stack), x, sizes, w_fc1, w_fc2)
     for got, expected in zip(grads, _reference_stack_grads(sizes, x, w_fc1, w_fc2)):
         assert rel_error(got, expected) < 1e-4
     assert delta["reused"] == layers and delta["reuse_misses"] == 0
@@ -187,15 +196,14 @@ def test_backward_reuses_forward_copy(rng, scan, remat, shared):
         assert delta["event_waits"] == 6 * layers  # 2 forward, 2 dgrad, 2 wgrad
 
 
-@pytest.mark.parametrize("scan", [False, True], ids=["unrolled", "scan"])
-def test_shared_copy_serves_both_backwards(rng, scan):
+@pytest.mark.parametrize("stack", list(STACKS))
+def test_shared_copy_serves_both_backwards(rng, stack):
     """One copy per layer feeds two differentiated grouped_gemm calls (fc1, fc2): each forward
     keeps it (two keeps XLA must not merge), and both backwards reuse it: one copy per layer in
     the whole step, none in the backward."""
     layers = 4
     sizes, x, w_fc1, w_fc2 = _mlp_layers(rng, layers)
-    grads, delta = run(f"shared copy ({'scan' if scan else 'unrolled'})",
-                       _mlp_stack_grads(_two_gemm_mlp, scan), x, sizes, w_fc1, w_fc2)
+    grads, delta = run(f"shared copy ({stack})", _mlp_stack_grads(_two_gemm_mlp, stack), x, sizes, w_fc1, w_fc2)
     for got, expected in zip(grads, _reference_stack_grads(sizes, x, w_fc1, w_fc2)):
         assert rel_error(got, expected) < 1e-4
     assert delta["copies"] == layers and delta["reused"] == 2 * layers and delta["reuse_misses"] == 0
