@@ -1,9 +1,9 @@
 """Where a grouped_mlp training step's time goes, per layer, beyond what bench train reports: for
-each case (split, unrolled layers or a jax.lax.scan or te_async.scan over them, depth) the jitted forward + backward of bench train
-in device mode, timed four ways — bench train's measure (median of 3-call batches), 12 calls
-dispatched back to back, 12 batches of about 40 layers' worth of calls back to back (the
-sustained rate: long enough for the GPU to reach its power cap) and the profiler's GPU busy time
-of single calls — with the profiled call's GPU time per kernel (kernels_<case>.md), its timeline
+each case (split; unrolled layers, or a jax.lax.scan or te_async.scan over them; depth) the jitted
+forward + backward of bench train in device mode, timed four ways — bench train's measure
+(median of 3-call batches), 12 calls dispatched back to back, 12 batches of about 40 layers'
+worth of calls back to back (the sustained rate: long enough for the GPU to reach its power cap)
+and the profiler's GPU busy time of single calls — with the profiled call's GPU time per kernel (kernels_<case>.md), its timeline
 (timeline_<case>.json) and train_probe.json (with the run's environment) written to --out.
 Run `nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,clocks_event_reasons.active
 --format=csv -lms 100` beside it to see the clocks.
@@ -16,6 +16,7 @@ import math
 import pathlib
 import tempfile
 import time
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
@@ -26,7 +27,7 @@ from te_async.bench.prefill import splits
 STACKS = {"unrolled": None, "scan": "lax", "te_async_scan": "te_async"}  # a case's stack: bench train's scan
 
 
-def _weights(model, depth: int, scan: bool | str | None):
+def _weights(model, depth: int, scan: Optional[str]):
     key = jax.random.key(0)
     normal = lambda i, shape, scale: jax.random.normal(jax.random.fold_in(key, i), shape, jnp.bfloat16) * scale
     w = [(normal(100 + 3 * i, (model.experts, model.hidden, 2 * model.ffn), 1 / math.sqrt(model.hidden)),

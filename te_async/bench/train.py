@@ -13,14 +13,13 @@ experts).
 A call runs a stack of layers, x + mlp_i(x) each with its own weights, forward and backward:
 unrolled, or with --scan a scan over stacked weights, as JAX training stacks layers: jax.lax.scan,
 te_async.scan (whose gradient does not zero-fill the stacked buffers), or each in turn in one run
-(--scan lax te_async). Time
-per layer two ways, both wall clock (median over batches of back-to-back calls): a 1-layer call,
-which carries the call's fixed cost, and the slope between a 1-layer and a --depth-layer call,
-which is what a layer adds to a model's step. TFLOP/s count the six GEMMs alone, 2 * rows * K * N
-each over the routed rows: fc1 and fc2 forward, their input gradients (dgrad) and their weight
-gradients (wgrad); the norm and the activation are left out. On a GPU the 1-layer calls are also
-timed on GPU time: the profiler's kernel time (busy) for the JAX contenders, CUDA events around
-back-to-back calls for torch.
+(--scan lax te_async). Time per layer two ways, both wall clock (median over batches of
+back-to-back calls): a 1-layer call, which carries the call's fixed cost, and the slope between a
+1-layer and a --depth-layer call, which is what a layer adds to a model's step. TFLOP/s count the
+six GEMMs alone, 2 * rows * K * N each over the routed rows: fc1 and fc2 forward, their input
+gradients (dgrad) and their weight gradients (wgrad); the norm and the activation are left out.
+On a GPU the 1-layer calls are also timed on GPU time: the profiler's kernel time (busy) for the
+JAX contenders, CUDA events around back-to-back calls for torch.
 """
 
 import itertools

@@ -6,9 +6,10 @@ Layers run by runs (params.layer_runs): a run of one layer runs inline, under th
 params and cache, under the named scope `layers{first}-{last}`, so that the compiled program holds
 one body per run whatever the depth (DeepSeek-V2-Lite: `layer0`, dense, then `layers1-26`). With a
 cache (prefill, decode) that is jax.lax.scan; without one (forward, the pass a training step
-differentiates) te_async.scan, whose gradient does not zero-fill the stacked weight gradients. Inside a scan body each layer writes only its new cache entries into the run's
-stacked cache (a carry, updated in place) and reads its layer of it. generate's decode steps write
-the runs out layer by layer at the batches where that measured faster (unrolls). Token ids are
+differentiates) te_async.scan, whose gradient does not zero-fill the stacked weight gradients.
+Inside a scan body each layer writes only its new cache entries into the run's stacked cache (a
+carry, updated in place) and reads its layer of it. generate's decode steps write the runs out
+layer by layer at the batches where that measured faster (unrolls). Token ids are
 checked on the host where the values are at hand (forward, prefill, generate); inside jit, where
 they are not, an id out of range and a decode position past the cache give NaN logits instead of
 a silent answer.
