@@ -10,10 +10,13 @@ allocates without writing (AllocateBuffer; the CPU backend fills them with zeros
 scan, only residuals that change from step to step are stacked: one that is the step's own input
 (its slice of the stacked weights, a value the step closes over) is passed again, and one computed
 from closed-over values alone (a mask built inside the step) is computed once, before the loop.
+The buffers are typed as the rows written into them (an explicit mesh's sharding, shard_map's
+varying axes), so it runs where jax.lax.scan runs: one device, XLA's sharding, sharding in types,
+inside shard_map.
 
 Differences from jax.lax.scan: reverse mode only (no jax.jvp), as grouped_mlp; the step is traced
 four or five times (the shape check, its jaxpr, the residual plan, the loop, and the residuals
-computed once where there are any).
+computed once where there are any); a scan of length 0 is jax.lax.scan's.
 """
 
 import itertools
@@ -23,6 +26,7 @@ import jax
 import jax.extend.core as jex
 import jax.numpy as jnp
 from jax import lax
+from jax.sharding import PartitionSpec
 
 
 def _slice(tree, t):
@@ -33,8 +37,19 @@ def _put(stacks, values, t):
     return jax.tree.map(lambda s, v: lax.dynamic_update_index_in_dim(s, v, t, 0), stacks, values)
 
 
+def _unwritten(shape: tuple, like):
+    """A buffer of `shape` that nothing writes first, typed as `like` (an aval) stacked: its sharding
+    (explicit mesh axes) with the new leading axes unsharded, varying over the manual axes `like`
+    varies over (inside shard_map), as the rows written into it."""
+    spec = tuple(like.sharding.spec) + (None,) * (len(like.shape) - len(like.sharding.spec))
+    lead = (None,) * (len(shape) - len(like.shape))
+    out = lax.empty(shape, like.dtype, out_sharding=like.sharding.update(spec=PartitionSpec(*lead, *spec)))
+    varying = tuple(sorted(like.mat.varying))  # jax >= 0.10's manual axis type
+    return lax.pcast(out, varying, to="varying") if varying else out
+
+
 def _empty_stacks(n: int, avals):
-    return jax.tree.map(lambda a: lax.empty((n, *a.shape), a.dtype), avals)
+    return jax.tree.map(lambda a: _unwritten((n, *a.shape), a), avals)
 
 
 def _differentiable(a) -> bool:
@@ -81,11 +96,12 @@ def _varying_outputs(jaxpr, varying_inputs) -> list:
     return [isinstance(v, jex.Var) and v in varying for v in jaxpr.outvars]
 
 
-def _explicit_closure(f, carry_avals, x_avals):
+def _explicit_closure(f, carry, x):
     """f as step(carry, x, *consts) with every value it closes over an argument: the pullback's
     residuals that are such values (a mask, the group sizes of every layer) are then recognised
-    and not stacked. jax.closure_convert hoists only the values that may be differentiated."""
-    closed, out_shape = jax.make_jaxpr(f, return_shape=True)(carry_avals, x_avals)
+    and not stacked. jax.closure_convert hoists only the values that may be differentiated. Traced
+    on a real carry and x: their types (sharding, shard_map's varying axes) are the loop's."""
+    closed, out_shape = jax.make_jaxpr(f, return_shape=True)(carry, x)
     out_tree = jax.tree.structure(out_shape)
 
     def step(carry, x, *consts):
@@ -124,23 +140,24 @@ def scan(f: Callable, init: Any, xs: Any = None, length: Optional[int] = None, *
     """jax.lax.scan(f, init, xs, length, reverse=reverse, unroll=unroll), whose gradient writes the
     stacked residuals and the cotangents of xs (a layer stack's weight gradients) into buffers it
     does not fill first. Checks and errors are jax.lax.scan's own."""
-    carry_avals, ys_avals = jax.eval_shape(lambda c, x: lax.scan(f, c, x, length, reverse=reverse, unroll=unroll),
-                                           init, xs)
+    jax.eval_shape(lambda c, x: lax.scan(f, c, x, length, reverse=reverse, unroll=unroll), init, xs)
     n = length if length is not None else jax.tree.leaves(xs)[0].shape[0]
-    x_avals = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), xs)
-    y_avals = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), ys_avals)
-    step, consts = _explicit_closure(f, carry_avals, x_avals)
+    if n == 0:  # nothing to stack
+        return lax.scan(f, init, xs, length, reverse=reverse, unroll=unroll)
+    x0 = _slice(xs, 0)  # a step's x, to trace the step with
+    step, consts = _explicit_closure(f, init, x0)
     order = (lambda i: n - 1 - i) if reverse else (lambda i: i)
 
     traced = {}  # the pullback's leaf kinds (from a probe) and treedef (from the forward loop's trace)
 
     def probe(consts, carry, x):
-        _, traced["kinds"], _, saved = _pullback(step, consts, carry, x)
-        return saved
+        (_, y), traced["kinds"], _, saved = _pullback(step, consts, carry, x)
+        return y, saved
 
-    probe_jaxpr, saved_avals = jax.make_jaxpr(probe, return_shape=True)(consts, carry_avals, x_avals)
+    probe_jaxpr, shapes = jax.make_jaxpr(probe, return_shape=True)(consts, init, x0)
+    y_avals, saved_avals = jax.tree.unflatten(jax.tree.structure(shapes), probe_jaxpr.out_avals)
     varying = _varying_outputs(probe_jaxpr.jaxpr, [i >= len(consts) for i in range(len(probe_jaxpr.jaxpr.invars))])
-    zeros = lambda avals: jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), avals)
+    varying = varying[len(jax.tree.leaves(y_avals)):]  # the saved residuals' (y comes first)
 
     def forward(consts, init, xs, save: bool):
         def body(i, state):
@@ -167,8 +184,7 @@ def scan(f: Callable, init: Any, xs: Any = None, length: Optional[int] = None, *
     def loop_fwd(consts, init, xs):
         carry, ys, stacks = forward(consts, init, xs, save=True)
         # The residuals that do not change, once (any carry and x give them; XLA drops the rest).
-        fixed = [] if all(varying) else \
-            [r for r, v in zip(probe(consts, zeros(carry_avals), zeros(x_avals)), varying) if not v]
+        fixed = [] if all(varying) else [r for r, v in zip(probe(consts, init, _slice(xs, 0))[1], varying) if not v]
         return (carry, ys), (consts, xs, stacks, fixed)
 
     def loop_bwd(residuals, cts):
@@ -188,7 +204,7 @@ def scan(f: Callable, init: Any, xs: Any = None, length: Optional[int] = None, *
             return d_carry, ct_consts, _put(ct_xs, _keep(jax.tree.leaves(d_x), x_wanted), t)
 
         state = (ct_carry, [jnp.zeros_like(c) for c in _keep(consts, c_wanted)],
-                 [lax.empty(a.shape, a.dtype) for a in _keep(x_leaves, x_wanted)])
+                 [_unwritten(a.shape, jax.typeof(a)) for a in _keep(x_leaves, x_wanted)])
         ct_init, ct_consts, ct_xs = lax.fori_loop(0, n, body, state, unroll=unroll)
         return _fill(ct_consts, c_wanted), ct_init, jax.tree.unflatten(x_tree, _fill(ct_xs, x_wanted))
 

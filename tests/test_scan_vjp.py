@@ -57,7 +57,8 @@ def test_values_and_gradients_match_lax_scan(rng, reverse, unroll):
 
 
 def test_length_without_xs_and_rematerialised_steps(rng):
-    """xs=None with a length, and a jax.checkpoint step (whose residuals are its inputs alone)."""
+    """xs=None with a length, a jax.checkpoint step (whose residuals are its inputs alone), and
+    xs of length 0."""
     a = _stack(rng)
     w0 = a["w"][0]
     step = jax.checkpoint(lambda c, _: (jnp.tanh(c @ w0) + c, c[0]))
@@ -69,6 +70,9 @@ def test_length_without_xs_and_rematerialised_steps(rng):
     for ours, ref in zip(jax.value_and_grad(lambda x: loss(te_async.scan, x))(a["x"]),
                          jax.value_and_grad(lambda x: loss(jax.lax.scan, x))(a["x"])):
         assert rel_error(ours, ref) < 1e-12
+    carry, ys = te_async.scan(step, a["x"], a["w"][:0])  # length 0: the input carry, no rows
+    np.testing.assert_array_equal(carry, a["x"])
+    assert ys.shape == (0,)
 
 
 def test_vmap_of_the_gradient(rng):
@@ -110,6 +114,40 @@ def test_errors_are_lax_scans(rng, case):
     with pytest.raises(type(ref.value)) as ours:
         te_async.scan(*args)
     assert str(ours.value) == str(ref.value)
+
+
+@pytest.mark.parametrize("setting", ["auto", "explicit", "shard_map"])
+def test_sharded_stacks(rng, setting):
+    """Over 4 devices, the stacked weights sharded by expert: under jit with XLA's sharding (auto
+    mesh axes), with sharding in types (explicit axes: the stacks must carry the rows' sharding)
+    and inside shard_map (the stacks must vary over the manual axis as the rows do), te_async.scan
+    gives jax.lax.scan's gradients, sharded as lax.scan's are."""
+    from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+
+    layers, experts, rows, hidden = 3, 8, 5, 16
+    w = np.asarray(rng.standard_normal((layers, experts, hidden, hidden)) / 4, np.float32)
+    x = np.asarray(rng.standard_normal((experts, rows, hidden)), np.float32)
+    shared = np.asarray(rng.standard_normal(hidden), np.float32)
+
+    def loss(scan, x, w, shared):
+        step = lambda c, w_l: (c + jnp.tanh(jnp.einsum("erh,ehk->erk", c, w_l)) * shared, jnp.sum(c))
+        c, ys = scan(step, x, w)
+        return jnp.sum(c**2) + jnp.sum(ys)
+
+    mesh = jax.make_mesh((4,), ("e",), axis_types=(AxisType.Explicit if setting == "explicit" else AxisType.Auto,))
+    got = {}
+    for name, grad in _gradients(loss, argnums=(1, 2)).items():
+        if setting == "shard_map":  # the gradient per device: an expert slice of w, all of shared's
+            got[name] = jax.jit(jax.shard_map(grad, mesh=mesh, in_specs=(P("e"), P(None, "e"), P()),
+                                              out_specs=(P(None, "e"), P())))(x, w, shared)
+        else:
+            with jax.set_mesh(mesh):
+                args = (jax.device_put(x, NamedSharding(mesh, P("e"))),
+                        jax.device_put(w, NamedSharding(mesh, P(None, "e"))), shared)
+                got[name] = grad(*args)
+    for ours, ref in zip(got["te_async"], got["lax"]):
+        assert float(jnp.max(jnp.abs(ref))) > 0 and rel_error(ours, ref) < 1e-5
+        assert ours.sharding.is_equivalent_to(ref.sharding, ours.ndim)
 
 
 def _gradients(loss, argnums) -> dict:
