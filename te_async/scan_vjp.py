@@ -15,8 +15,8 @@ varying axes), so it runs where jax.lax.scan runs: one device, XLA's sharding, s
 inside shard_map.
 
 Differences from jax.lax.scan: reverse mode only (no jax.jvp), as grouped_mlp; the step is traced
-four or five times (the shape check, its jaxpr, the residual plan, the loop, and the residuals
-computed once where there are any); a scan of length 0 is jax.lax.scan's.
+four times (the shape check, its jaxpr, the residual plan, the loop); a scan of length 0 is
+jax.lax.scan's.
 """
 
 import itertools
@@ -156,8 +156,9 @@ def scan(f: Callable, init: Any, xs: Any = None, length: Optional[int] = None, *
 
     probe_jaxpr, shapes = jax.make_jaxpr(probe, return_shape=True)(consts, init, x0)
     y_avals, saved_avals = jax.tree.unflatten(jax.tree.structure(shapes), probe_jaxpr.out_avals)
-    varying = _varying_outputs(probe_jaxpr.jaxpr, [i >= len(consts) for i in range(len(probe_jaxpr.jaxpr.invars))])
-    varying = varying[len(jax.tree.leaves(y_avals)):]  # the saved residuals' (y comes first)
+    n_y = len(jax.tree.leaves(y_avals))  # the probe's outputs: y, then the saved residuals
+    inputs = probe_jaxpr.jaxpr.invars  # consts, then the carry and x, which vary
+    varying = _varying_outputs(probe_jaxpr.jaxpr, [i >= len(consts) for i in range(len(inputs))])[n_y:]
 
     def forward(consts, init, xs, save: bool):
         def body(i, state):
@@ -183,8 +184,13 @@ def scan(f: Callable, init: Any, xs: Any = None, length: Optional[int] = None, *
 
     def loop_fwd(consts, init, xs):
         carry, ys, stacks = forward(consts, init, xs, save=True)
-        # The residuals that do not change, once (any carry and x give them; XLA drops the rest).
-        fixed = [] if all(varying) else [r for r, v in zip(probe(consts, init, _slice(xs, 0))[1], varying) if not v]
+        # The residuals that do not change, once: the probe's jaxpr on this call's values (any carry
+        # and x give them; XLA drops the rest).
+        if all(varying):
+            fixed = []
+        else:
+            outs = jex.jaxpr_as_fun(probe_jaxpr)(*consts, *jax.tree.leaves((init, _slice(xs, 0))))
+            fixed = _keep(outs[n_y:], [not v for v in varying])
         return (carry, ys), (consts, xs, stacks, fixed)
 
     def loop_bwd(residuals, cts):
