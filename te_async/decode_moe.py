@@ -27,7 +27,7 @@ import jax.numpy as jnp
 
 from . import _ffi, plan
 from .mlp import grouped_mlp
-from .routing import Dispatch, Routing, combine
+from .routing import Dispatch, Routing, combine, dispatch_rows
 
 EXPERT_GEMM = "te_async_expert_gemm"
 DTYPES = ("bfloat16", "float16", "float32")
@@ -62,7 +62,7 @@ def _expert_gemm(lhs, rhs, dispatch: Dispatch, weights, out_dtype, **attrs):
 
 
 def _unfused(x, weights, dispatch: Dispatch, w_fc1, w_fc2):
-    y_rows = grouped_mlp(x[dispatch.token_of_row], dispatch.group_sizes, w_fc1, w_fc2, norm=None, activation="swiglu",
+    y_rows = grouped_mlp(dispatch_rows(x, dispatch), dispatch.group_sizes, w_fc1, w_fc2, norm=None, activation="swiglu",
                          group_sizes_mode="device")
     return combine(y_rows, dispatch, weights)
 

@@ -36,7 +36,7 @@ from jax.sharding import PartitionSpec as P
 
 from .group_sizes import copy_group_sizes
 from .mlp import grouped_mlp, resolve_mlp_mode
-from .moe import combine, plan_dispatch, route_top_k
+from .moe import combine, dispatch_rows, plan_dispatch, route_top_k
 
 TRANSPORTS = ("ragged", "dense")
 
@@ -150,7 +150,7 @@ def moe_block_ep(
         me = jax.lax.axis_index(axis_name)
         local = lambda m: jax.lax.dynamic_slice_in_dim(m, me * (e // d), e // d, axis=1)  # my experts' columns
         local_sizes = local(plan.counts).sum(axis=0, dtype=jnp.int32)
-        sorted_x = x[dispatch.token_of_row]
+        sorted_x = dispatch_rows(x, dispatch)
         handle = None
         if mode == "async":
             handle = copy_group_sizes(local_sizes)

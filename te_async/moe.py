@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from . import decode_moe, token_ffn, token_moe
 from .group_sizes import copy_group_sizes
 from .mlp import EPS, grouped_mlp, normalize, resolve_mlp_mode
-from .routing import Dispatch, Routing, combine, plan_dispatch, route, route_reference  # noqa: F401 (re-exported)
+from .routing import Dispatch, Routing, combine, dispatch_rows, plan_dispatch, route, route_reference  # noqa: F401 (re-exported)
 
 
 def route_top_k(x: jax.Array, router: jax.Array, top_k: int) -> Routing:
@@ -77,7 +77,7 @@ def _routed_block(x, router, w_fc1, w_fc2, top_k, norm_scale, norm, activation, 
         # to its first consumer: it is enqueued before the gather it should overlap.
         handle, x = jax.lax.optimization_barrier((handle, x))
     y_rows = grouped_mlp(
-        x[dispatch.token_of_row],
+        dispatch_rows(x, dispatch),
         dispatch.group_sizes,
         w_fc1,
         w_fc2,

@@ -90,11 +90,56 @@ def plan_dispatch(experts: jax.Array, num_experts: int) -> Dispatch:
     return Dispatch(group_sizes, order // experts.shape[1], row_of_choice, order)
 
 
+def dispatch_rows(x: jax.Array, dispatch: Dispatch) -> jax.Array:
+    """x [T, H] -> its T*k rows in expert order (row r is x[token_of_row[r]]), the grouped GEMMs'
+    input. Differentiable without a scatter: the gradient sums each token's k rows, gathered
+    through row_of_choice, in float32 in choice order. JAX's own transpose of the gather is a
+    scatter-add, which XLA's GPU backend runs with atomic adds in x's dtype, so a bf16 gradient was
+    rounded after every add and its bits changed from run to run."""
+    return _gather_rows(x.shape[0], x, dispatch.token_of_row, dispatch.row_of_choice)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _gather_rows(tokens, x, token_of_row, row_of_choice):
+    return x[token_of_row]
+
+
+def _gather_rows_fwd(tokens, x, token_of_row, row_of_choice):
+    return x[token_of_row], row_of_choice
+
+
+def _gather_rows_bwd(tokens, row_of_choice, g):
+    copies = g[row_of_choice].reshape(tokens, row_of_choice.shape[0] // tokens, -1)
+    return copies.astype(jnp.float32).sum(axis=1).astype(g.dtype), None, None
+
+
+_gather_rows.defvjp(_gather_rows_fwd, _gather_rows_bwd)
+
+
+@jax.custom_vjp
+def _permute_rows(rows, order, inverse):
+    """rows[order] where `inverse` is order's inverse permutation; its gradient is the gather
+    g[inverse], not a scatter of g into zeros."""
+    return rows[order]
+
+
+def _permute_rows_fwd(rows, order, inverse):
+    return rows[order], inverse
+
+
+def _permute_rows_bwd(inverse, g):
+    return g[inverse], None, None
+
+
+_permute_rows.defvjp(_permute_rows_fwd, _permute_rows_bwd)
+
+
 def combine(y_rows: jax.Array, dispatch: Dispatch, weights: jax.Array) -> jax.Array:
-    """Unpermutes the expert outputs and sums each token's k of them with its router weights."""
+    """Unpermutes the expert outputs and sums each token's k of them with its router weights
+    (float32). The unpermutation's gradient is a gather by the inverse order (no scatter)."""
     t, k = weights.shape
-    y = y_rows[dispatch.row_of_choice].reshape(t, k, -1).astype(jnp.float32)
-    return jnp.einsum("tkh,tk->th", y, weights).astype(y_rows.dtype)
+    y = _permute_rows(y_rows, dispatch.row_of_choice, dispatch.choice_of_row).reshape(t, k, -1)
+    return jnp.einsum("tkh,tk->th", y.astype(jnp.float32), weights).astype(y_rows.dtype)
 
 
 def kernel_applies(tokens: int, num_experts: int, top_k: int, n_group: int = 1) -> bool:

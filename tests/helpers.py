@@ -1,6 +1,8 @@
 """Shared test helpers: tolerances, random operands, device placement. The float64 references
 are in reference.py; tests import both as top-level modules (pytest puts tests/ on sys.path)."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,6 +18,10 @@ TOL = {jnp.float32: 1e-5, jnp.bfloat16: 8e-3, jnp.float16: 1e-3}
 FORMS = [("m", False), ("m", True), ("k", False)]
 
 GATED = {"swiglu", "geglu"}
+
+# In lowered StableHLO, a scatter of whole rows ([N, H] updates): JAX's transpose of a row gather,
+# which XLA's GPU backend runs with atomic adds in the rows' dtype, in no fixed order.
+ROW_SCATTER = re.compile(r'"stablehlo\.scatter".*update_window_dims = \[1\]')
 
 
 def gpu_available() -> bool:

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import te_async.models as models
+from helpers import ROW_SCATTER
 from reference import rel_error
 from te_async.models.mla import softmax_scale
 from te_async.models.moe_layer import moe_block
@@ -123,6 +124,15 @@ def test_layer_runs_and_stacked_layout():
     assert [run["ckv"].shape for run in cache] == [(1, 2, 7, 16), (3, 2, 7, 16)]
 
 
+def _is_custom_vjp_of(eqn, needle: str) -> bool:
+    """A custom_vjp call whose forward's jaxpr mentions `needle` (a primitive or an FFI target)."""
+    return eqn.primitive.name == "custom_vjp_call" and needle in str(eqn.params["call_jaxpr"])
+
+
+def _is_grouped_mlp(eqn) -> bool:
+    return _is_custom_vjp_of(eqn, "te_async_grouped_gemm") and "routed_experts" in str(eqn.source_info.name_stack)
+
+
 def test_one_scan_per_run_of_layers():
     """The compiled program has one body per run: the jaxpr of a decode step of the 4-layer
     DeepSeek config holds one scan (over layers 1-3), whose body holds the async MoE block's copy
@@ -140,8 +150,7 @@ def test_one_scan_per_run_of_layers():
     names = [e.primitive.name for e in body.eqns]
     copies = [i for i, e in enumerate(body.eqns) if "copy_group_sizes" in str(e.params.get("target_name", ""))]
     barriers = [i for i, n in enumerate(names) if n == "optimization_barrier"]
-    mlp = [i for i, e in enumerate(body.eqns)  # grouped_mlp; dense GEMMs are custom_vjp calls too, in other scopes
-           if "custom_vjp" in e.primitive.name and "routed_experts" in str(e.source_info.name_stack)]
+    mlp = [i for i, e in enumerate(body.eqns) if _is_grouped_mlp(e)]
     assert len(copies) == 1 and len(barriers) == 2 and len(mlp) == 1
     assert copies[0] < barriers[0] < barriers[1] < mlp[0]
 
@@ -235,6 +244,16 @@ def test_forward_gradients_through_te_async_scan(name):
     assert not fills and len(stacks) >= len(jax.tree.leaves(params["layers"][-1]))
 
 
+@pytest.mark.parametrize("name", TYPES)
+def test_training_gradient_scatters_no_rows(name):
+    """Lowered for the GPU, a model's training gradient moves no rows by scatter: its MoE blocks'
+    permutation and unpermutation transpose to gathers (te_async.routing.dispatch_rows, combine)."""
+    config, params, tokens, _ = make_model(name)
+    loss = lambda p: jnp.sum(models.forward(p, config, jnp.asarray(tokens)) ** 2)
+    lowered = jax.jit(jax.grad(loss)).trace(params).lower(lowering_platforms=("cuda",)).as_text()
+    assert "te_async_grouped_gemm" in lowered and not ROW_SCATTER.findall(lowered)
+
+
 def _moe_reference(p, config, x):
     """The MoE block in float64 numpy, one token and one expert at a time."""
     p = jax.tree_util.tree_map(lambda a: np.asarray(a, np.float64), p)
@@ -303,7 +322,7 @@ def test_async_order_copy_then_shared_experts_then_grouped_gemms():
     x_after = first.outvars[first.invars.index(jaxpr.invars[-1])]
     assert copy.outvars[0] in first.invars
     shared = [e for e in eqns if "shared_experts" in str(e.source_info.name_stack)]
-    gather = next(e for e in eqns if e.primitive.name == "gather")
+    gather = next(e for e in eqns if _is_custom_vjp_of(e, "gather") and not _is_grouped_mlp(e))  # dispatch_rows
     assert any(x_after in e.invars for e in shared) and x_after in gather.invars
     assert all(jaxpr.invars[-1] not in e.invars for e in shared + [gather])
     assert gather.outvars[0] in second.invars and any(producer.get(v) in shared for v in second.invars)

@@ -38,7 +38,7 @@ import numpy as np
 
 from .. import GROUP_SIZES_MODES
 from ..mlp import EPS, activate, normalize
-from ..moe import combine, moe_block, plan_dispatch, route_top_k
+from ..moe import combine, dispatch_rows, moe_block, plan_dispatch, route_top_k
 from . import presets, timing, trace
 
 try:
@@ -78,7 +78,7 @@ def _routed(expert_mlp):
     def layer(x, p, model):
         routing = route_top_k(x, p["router"], model.top_k)
         dispatch = plan_dispatch(routing.experts, model.experts)
-        rows = normalize(x[dispatch.token_of_row], p["norm_scale"], None, NORM, EPS)
+        rows = normalize(dispatch_rows(x, dispatch), p["norm_scale"], None, NORM, EPS)
         return x + combine(expert_mlp(rows, dispatch.group_sizes, p["w_fc1"], p["w_fc2"]), dispatch, routing.weights)
 
     return layer

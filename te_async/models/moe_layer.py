@@ -33,7 +33,7 @@ import jax.numpy as jnp
 from .. import decode_moe, token_ffn, token_moe
 from ..group_sizes import copy_group_sizes
 from ..mlp import activate, grouped_mlp, resolve_mlp_mode
-from ..routing import combine
+from ..routing import combine, dispatch_rows
 from .ffn import swiglu_mlp
 from .norm import rms_norm
 from .routing import route, top_k_options
@@ -91,7 +91,7 @@ def moe_block(p: dict, cfg, x: jax.Array, *, group_sizes_mode: Optional[str], ex
                                                       mode=mode, activation="swiglu"):
             y = decode_moe.fused_experts(x, routing, dispatch, p["w_fc1"], p["w_fc2"])
             return _finish(y, shared, shape, routing, return_routing)
-        rows = x[dispatch.token_of_row]
+        rows = dispatch_rows(x, dispatch)
         if handle is not None and shared is not None:
             shared, rows = jax.lax.optimization_barrier((shared, rows))
         if experts != "ragged_dot":

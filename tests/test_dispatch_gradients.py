@@ -1,0 +1,97 @@
+"""Gradients through an MoE block's token permutation (te_async.routing.dispatch_rows) and its
+unpermutation (combine): against float64 NumPy references, and, lowered for a GPU, with no
+scatter of rows, whose GPU lowering adds with atomics in the rows' dtype and in no fixed order.
+The GPU test checks that a training step's gradients come out bit-identical run after run."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import te_async
+from helpers import ROW_SCATTER, moe_params
+from reference import rel_error
+from te_async.moe import moe_block
+from te_async.routing import combine, dispatch_rows, plan_dispatch
+
+def _dispatch(rng, tokens, experts, top_k):
+    """A plan of distinct random experts per token (as top-k gives), with empty experts."""
+    chosen = np.stack([rng.permutation(experts)[:top_k] for _ in range(tokens)]).astype(np.int32)
+    return plan_dispatch(jnp.asarray(chosen), experts), chosen
+
+
+def _to_bf16_bits(values: np.ndarray) -> np.ndarray:
+    return np.asarray(jnp.asarray(values.astype(np.float32), jnp.bfloat16).view(jnp.uint16))
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("tokens, experts, top_k, hidden", [(37, 5, 3, 24), (1, 4, 4, 8), (64, 64, 6, 40)])
+def test_dispatch_rows_gradient_sums_each_tokens_rows(rng, dtype, tokens, experts, top_k, hidden):
+    dispatch, _ = _dispatch(rng, tokens, experts, top_k)
+    x = jnp.asarray(rng.standard_normal((tokens, hidden)), dtype)
+    g = jnp.asarray(rng.standard_normal((tokens * top_k, hidden)), dtype)
+    rows, pullback = jax.vjp(lambda x: dispatch_rows(x, dispatch), x)
+    np.testing.assert_array_equal(np.asarray(rows), np.asarray(x)[np.asarray(dispatch.token_of_row)])
+    (dx,) = pullback(g)
+    # float64: token t's gradient is the sum of the rows that copied it.
+    ref = np.zeros((tokens, hidden))
+    np.add.at(ref, np.asarray(dispatch.token_of_row), np.asarray(g, np.float64))
+    if dtype == jnp.bfloat16:  # summed in float32 (exact for these few bf16 values), rounded once
+        np.testing.assert_array_equal(np.asarray(dx.view(jnp.uint16)), _to_bf16_bits(ref))
+    else:
+        np.testing.assert_allclose(np.asarray(dx), ref, rtol=1e-6, atol=1e-6)
+
+
+def test_dispatch_rows_gradient_rounds_once():
+    """One token's 4 rows whose bf16 running sum would round the small ones away, in some orders
+    (1 + 2^-9 rounds to 1 in bf16): summed in float32 and rounded once it is 1 + 2^-7 in any order."""
+    dispatch = plan_dispatch(jnp.asarray([[2, 0, 3, 1]], jnp.int32), 4)
+    g = jnp.asarray([[1.0], [2.0**-9], [2.0**-9], [2.0**-9]], jnp.bfloat16)[dispatch.row_of_choice]
+    (dx,) = jax.vjp(lambda x: dispatch_rows(x, dispatch), jnp.zeros((1, 1), jnp.bfloat16))[1](g)
+    assert float(dx[0, 0]) == 1.0 + 2.0**-7
+
+
+def test_combine_gradients_match_float64(rng):
+    tokens, experts, top_k, hidden = 29, 7, 3, 20
+    dispatch, _ = _dispatch(rng, tokens, experts, top_k)
+    y_rows = jnp.asarray(rng.standard_normal((tokens * top_k, hidden)), jnp.float32)
+    weights = jnp.asarray(rng.random((tokens, top_k)), jnp.float32)
+    c = jnp.asarray(rng.standard_normal((tokens, hidden)), jnp.float32)
+    d_rows, d_weights = jax.grad(lambda y, w: jnp.sum(combine(y, dispatch, w) * c), argnums=(0, 1))(y_rows, weights)
+    choice = np.asarray(dispatch.choice_of_row)  # row r holds flat choice (t, j) = divmod(choice[r], k)
+    t_of, j_of = np.divmod(choice, top_k)
+    c64, w64, y64 = (np.asarray(a, np.float64) for a in (c, weights, y_rows))
+    np.testing.assert_allclose(np.asarray(d_rows), w64[t_of, j_of][:, None] * c64[t_of], rtol=1e-6, atol=1e-7)
+    y_of_choice = y64[np.asarray(dispatch.row_of_choice)].reshape(tokens, top_k, hidden)
+    assert rel_error(d_weights, np.einsum("tkh,th->tk", y_of_choice, c64)) < 1e-6
+
+
+@pytest.mark.parametrize("mode", te_async.GROUP_SIZES_MODES)
+def test_moe_block_gradient_scatters_no_rows(rng, mode):
+    """Lowered for a GPU, the gradient of an MoE block has no row scatter: the permutation's and
+    the unpermutation's transposes are gathers (jax's own transposes were two row scatters)."""
+    tokens, experts, hidden, ffn, top_k = 64, 8, 32, 16, 2
+    p = {k: v.astype(jnp.bfloat16) for k, v in moe_params(rng, experts, hidden, ffn).items()}
+    x = jnp.asarray(rng.standard_normal((tokens, hidden)), jnp.bfloat16)
+    loss = lambda x, p: jnp.sum(moe_block(x, **p, top_k=top_k, group_sizes_mode=mode).astype(jnp.float32))
+    lowered = jax.jit(jax.grad(loss, argnums=(0, 1))).trace(x, p).lower(lowering_platforms=("cuda",)).as_text()
+    assert "te_async_grouped_gemm" in lowered
+    assert not ROW_SCATTER.findall(lowered)
+
+
+@pytest.mark.gpu
+def test_training_step_gradients_are_bit_identical_on_the_gpu(rng):
+    """Five runs of one device-mode MoE block's forward + backward (bf16, 2048 tokens x top-6 over
+    64 experts, each token's 6 row gradients summed into it) give the same bits."""
+    tokens, experts, hidden, ffn, top_k = 2048, 64, 256, 128, 6
+    p = {k: v.astype(jnp.bfloat16) for k, v in moe_params(rng, experts, hidden, ffn).items()}
+    x = jnp.asarray(rng.standard_normal((tokens, hidden)), jnp.bfloat16)
+    c = jnp.asarray(rng.standard_normal((tokens, hidden)), jnp.bfloat16)
+    loss = lambda x, p: jnp.sum((moe_block(x, **p, top_k=top_k, group_sizes_mode="device") * c).astype(jnp.float32))
+    grad = jax.jit(jax.grad(loss, argnums=(0, 1)))
+    first = jax.tree_util.tree_map(np.asarray, grad(x, p))
+    assert float(np.abs(first[0].astype(np.float32)).max()) > 0
+    for _ in range(4):
+        again = jax.tree_util.tree_map(np.asarray, grad(x, p))
+        for a, b in zip(jax.tree_util.tree_leaves(first), jax.tree_util.tree_leaves(again)):
+            np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
