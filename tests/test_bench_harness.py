@@ -11,6 +11,7 @@ import pytest
 from te_async.bench import __main__ as cli
 from te_async import dense, models, token_ffn
 from te_async.bench import attention as attention_bench, decode_gemm, dense as dense_bench, prefill, presets, train
+from te_async.bench import train_model
 
 from reference import grouped_gemm_reference, mlp_reference, random_group_sizes, rel_error
 
@@ -108,7 +109,9 @@ def test_train_stack_matches_float64(rng, scan, contender, per_layer):
                                           (["dense", "--layers", "-2"], "must be a positive integer"),
                                           (["train", "--depth", "0"], "must be a positive integer"),
                                           (["train", "--contenders", "torch"], "invalid choice"),
-                                          (["train", "--scan", "flax"], "invalid choice")])
+                                          (["train", "--scan", "flax"], "invalid choice"),
+                                          (["train-model", "--layers", "0"], "must be a positive integer"),
+                                          (["train-model", "--contenders", "xla"], "invalid choice")])
 def test_unknown_mode_or_gemm_is_refused_before_any_work(tmp_path, capsys, argv, message):
     with pytest.raises(SystemExit) as e:
         cli.main([*argv, "--out", str(tmp_path)])
@@ -130,6 +133,41 @@ def test_train_bench_runs_each_contender_under_each_scan(tmp_path):
         for r in rows[1:]:
             assert "error" not in r and r["rel_error_vs_ragged_dot"] < 1e-4 and r["slope_ms"] is not None
     assert "| device, te_async.scan |" in (tmp_path / "train.md").read_text()
+
+
+def test_train_model_step_is_next_token_cross_entropy(rng):
+    """bench train-model's step: the loss is the float64 next-token cross-entropy of the model's
+    logits, and its gradients are jax.grad's of that loss on the same path (every parameter gets one)."""
+    config = presets.config("tiny", num_hidden_layers=2)
+    params = models.init_params(config, jax.random.key(3), jnp.float32)
+    tokens = jnp.asarray(rng.integers(0, config.vocab_size, (2, 9)), jnp.int32)
+    loss, grads = train_model.train_step(config, "device")(params, tokens)
+    logits = np.asarray(models.forward(params, config, tokens[:, :-1]), np.float64)
+    targets = np.asarray(tokens[:, 1:])
+    top = logits.max(-1)
+    lse = top + np.log(np.exp(logits - top[..., None]).sum(-1))
+    want = np.mean(lse - np.take_along_axis(logits, targets[..., None], -1)[..., 0])
+    assert abs(float(loss) - want) < 1e-6 * abs(want)
+    assert all(float(jnp.max(jnp.abs(g))) > 0 for g in jax.tree.leaves(grads))
+
+
+def test_train_model_bench_runs_checks_and_slopes(tmp_path):
+    """bench train-model: every contender at both depths, checked against the first, deterministic,
+    TFLOP/s the model FLOPs over the step's time, and the slope between the depths."""
+    cli.main(["train-model", "--preset", "tiny", "--layers", "1", "2", "--seq", "16", "--batch", "2",
+              "--contenders", "device", "ragged_dot", "--reps", "1", "--out", str(tmp_path)])
+    result = json.loads((tmp_path / "train-model.json").read_text())
+    rows = result["results"]
+    assert [(r["layers"], r["contender"]) for r in rows] == [(1, "device"), (1, "ragged_dot"), (2, "device"),
+                                                             (2, "ragged_dot")]
+    for r in rows:
+        assert "error" not in r and r["deterministic"] and r["tokens"] == 32
+        flops = models.train_flops(presets.config("tiny", num_hidden_layers=r["layers"]), 2, 16)
+        assert r["model_flops"] == flops and r["tflops"] == pytest.approx(flops / r["median_ms"] * 1e-9)
+    for r in rows[1::2]:
+        assert r["loss_rel_error"] < 1e-6 and r["grad_rel_error"] < 1e-5
+    assert set(result["slopes"]) == {"device", "ragged_dot"}
+    assert "| ragged_dot |" in (tmp_path / "train_model.md").read_text()
 
 
 def test_dense_bench_contenders_agree_and_cover_the_layer(rng):

@@ -381,6 +381,24 @@ def test_decode_bytes_adds_up():
             models.decode_bytes(config, batch, length, bad)
 
 
+def test_train_flops_by_hand():
+    """The tiny configs' counts written out from their config.json numbers."""
+    batch, seq = 2, 7
+    # Mixtral: q 4x8, k and v 2x8 from hidden 32; wo; router; 2 of 4 experts (32 -> 2x24 -> 32); the
+    # LM head over 61 ids. Sliding window 5: the 7 queries see 1, 2, 3, 4, 5, 5, 5 keys of 8 + 8 dims.
+    weights = 32 * 64 + 32 * 32 + 32 * 4 + 2 * (32 * 48 + 24 * 32) + 61 * 32
+    attention = 4 * (8 + 8) * (1 + 2 + 3 + 4 + 5 + 5 + 5)
+    assert models.train_flops(tiny("mixtral"), batch, seq) == 6 * (batch * seq * weights + batch * attention)
+    # DeepSeek-V2: per layer q_a 32x12, kv_a 32x(16+4), q_b 12x(4x12), kv_b 16x(4x(8+8)), wo (4x8)x32;
+    # layer 0 a dense MLP of 40, layer 1 a router over 8, one shared expert and 3 routed ones of 16.
+    attn = 32 * 12 + 32 * 20 + 12 * 48 + 16 * 64 + 32 * 32
+    weights = 2 * attn + 32 * 80 + 40 * 32 + 32 * 8 + 4 * (32 * 32 + 16 * 32) + 61 * 32
+    attention = 2 * 4 * (12 + 8) * sum(range(1, seq + 1))
+    assert models.train_flops(tiny("deepseek_v2"), batch, seq) == 6 * (batch * seq * weights + batch * attention)
+    with pytest.raises(ValueError, match="seq must be a positive integer"):
+        models.train_flops(tiny("mixtral"), 2, 0)
+
+
 # --- bad input ---
 
 def test_bad_tokens_and_lengths():

@@ -2,7 +2,7 @@
 # Builds te_async on the GPU machine (no registry access: the image's jax, nanobind and
 # scikit-build-core build it), runs the GPU tests and the benchmarks, and writes logs and
 # results under $OUT. Usage: tools/gpu_check.sh [stage ...], stages: build test sanitize sanitize-attention example
-# layer prefill train decode-gemm decode dense attention generate cmdbuf profile ncu ncu-source stall ep (default: build
+# layer prefill train train-model decode-gemm decode dense attention generate cmdbuf profile ncu ncu-source stall ep (default: build
 # test example layer prefill train). Python runs with -P so that the installed package, not the source
 # folder, is imported. The CUTLASS kernels are built when an nvidia-cutlass wheel is carried in
 # .whl/ (the machine has no registry access; `pip download --no-deps nvidia-cutlass==4.2.0.0 -d
@@ -96,6 +96,7 @@ for stage in $stages; do
     layer) run layer python3 -P -m te_async.bench layer --out "$OUT"; cat "$OUT/layer.md" ;;
     prefill) run prefill python3 -P -m te_async.bench prefill --out "$OUT" ${PREFILL_ARGS:-}; cat "$OUT/prefill.md" ;;
     train) run train python3 -P -m te_async.bench train --out "$OUT" ${TRAIN_ARGS:-}; cat "$OUT/train.md" ;;
+    train-model) run train_model python3 -P -m te_async.bench train-model --out "$OUT" ${TRAIN_MODEL_ARGS:-}; cat "$OUT/train_model.md" ;;
     decode-gemm) run decode_gemm python3 -P -m te_async.bench decode-gemm --out "$OUT" ${DECODE_GEMM_ARGS:-}; cat "$OUT/decode_gemm.md" ;;
     decode) run decode python3 -P -m te_async.bench decode --out "$OUT" ${DECODE_ARGS:-}; cat "$OUT/decode.md" ;;
     dense) run dense python3 -P -m te_async.bench dense --out "$OUT" ${DENSE_ARGS:-}; cat "$OUT/dense.md" ;;

@@ -14,6 +14,7 @@ from . import timing
 BENCHMARKS = {
     "prefill": "te_async.bench.prefill",
     "train": "te_async.bench.train",
+    "train-model": "te_async.bench.train_model",
     "layer": "te_async.bench.layer",
     "decode": "te_async.bench.decode",
     "decode-gemm": "te_async.bench.decode_gemm",

@@ -9,6 +9,7 @@ over a params pytree, with the routed experts through te_async.grouped_mlp.
     logits, cache = decode_step(params, config, cache, token, position)
     config = preset("deepseek-v2-lite", num_hidden_layers=2); params = init_params(config, key)
     decode_bytes(config, batch, context_len, active_experts)   # for a bandwidth floor
+    train_flops(config, batch, seq)                            # model FLOPs of a training step
 
 params["layers"] and the cache hold one entry per run of consecutive layers of one structure
 (layer_runs), stacked on a leading layer axis: the decoder scans each run. per_layer(params["layers"])
@@ -17,12 +18,12 @@ lists the layers one by one; stack_layers stacks them back.
 Files: config.py (Config from config.json), presets.py, params.py (pytree layout, init), hf.py
 (loading), norm.py, rope.py, attention.py (grouped-query), mla.py (DeepSeek latent attention),
 cache.py, ffn.py (dense SwiGLU), routing.py, moe_layer.py (MoE block), model.py (forward, prefill,
-decode_step, generate), cost.py (decode_bytes).
+decode_step, generate), cost.py (decode_bytes, train_flops).
 """
 
 from .cache import init_cache
 from .config import MODEL_TYPES, Config, YarnScaling, from_hf_dict
-from .cost import decode_bytes
+from .cost import decode_bytes, train_flops
 from .hf import load_hf
 from .model import decode_step, forward, generate, prefill
 from .moe_layer import EXPERTS
@@ -50,4 +51,5 @@ __all__ = [
     "prefill",
     "preset",
     "stack_layers",
+    "train_flops",
 ]

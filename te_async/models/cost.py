@@ -1,4 +1,5 @@
-"""decode_bytes: the bytes one decode step must read, for a bandwidth floor (bytes / HBM read rate)."""
+"""What a step must do: decode_bytes, the bytes one decode step must read (for a bandwidth floor:
+bytes over the HBM read rate); train_flops, the model FLOPs of a training step (for TFLOP/s and MFU)."""
 
 from typing import Sequence, Union
 
@@ -52,3 +53,35 @@ def decode_bytes(config, batch: int, context_len: int, active_experts: Union[flo
     row = config.hidden_size * jnp.dtype(dtype).itemsize
     total += batch * row + tree_bytes(shapes["final_norm"]) + tree_bytes(shapes.get("lm_head", shapes["embed"]))
     return total
+
+
+def train_flops(config, batch: int, seq: int) -> int:
+    """Model FLOPs of one training step, forward and backward (3x the forward), on `batch` sequences
+    of `seq` tokens from position 0, as MFU counts them: 2 per multiply-add of every weight matrix a
+    token passes through (the attention's projections, the dense MLP or the router, the shared
+    experts and its top_k routed experts, the LM head; the embedding is a lookup) and of causal
+    attention's scores and values (a query at position i sees min(i + 1, window) keys). Norms,
+    activations, softmax and the routing's sort are not counted, nor recomputation."""
+    for name, value in (("batch", batch), ("seq", seq)):
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    c = config
+    shapes = param_shapes(c, jnp.float32)
+    if c.is_mla:
+        qk, v = c.qk_nope_head_dim + c.qk_rope_head_dim, c.v_head_dim
+    else:
+        qk = v = c.head_dim
+    positions = np.arange(seq)
+    weights = int(np.prod(shapes.get("lm_head", shapes["embed"]).shape))  # multiply-adds per token
+    attention = 0  # multiply-adds per sequence
+    for (start, n), run in zip(layer_runs(c), shapes["layers"]):
+        for path, s in jax.tree_util.tree_leaves_with_path(run):
+            name = path[-1].key
+            if len(s.shape) < 3:  # norms, biases, DeepSeek-V3's router bias: [n, width]
+                continue
+            size = int(np.prod(s.shape))
+            weights += size * c.num_experts_per_tok // c.num_experts if name in ("w_fc1", "w_fc2") else size
+        window = c.window(start)
+        seen = positions + 1 if window is None else np.minimum(positions + 1, window)
+        attention += n * c.num_attention_heads * (qk + v) * int(seen.sum())
+    return 3 * 2 * (batch * seq * weights + batch * attention)

@@ -1,0 +1,180 @@
+"""A real model's training step: the loss and every gradient of an MoE decoder, per expert path.
+
+One step is jax.value_and_grad of the mean next-token cross-entropy (float32) of
+te_async.models.forward on --batch sequences of --seq random tokens, differentiated in every
+parameter (embeddings, attention, norms, the router through its routing weights, the shared and
+routed experts, the LM head): what a JAX training step computes before its optimizer. The model
+is a preset's config with random weights (or --hf, a local checkpoint), cut to its first --layers
+decoder layers. Contenders differ only in the routed experts: te_async.grouped_mlp in each
+group_sizes_mode (device, sync, async), and jax.lax.ragged_dot (the models' experts="ragged_dot",
+what plain JAX offers). Each is checked against the first (its loss, and its gradients' relative
+error), and for determinism: a second step on the same input must give the same gradient bits.
+
+Per contender and depth: the step's wall clock (median of back-to-back steps) and GPU busy time
+(the profiler's kernel time), tokens per second, and model TFLOP/s by wall clock:
+te_async.models.train_flops (every weight matrix a token passes through and causal attention, 3x
+the forward) over the step's time, the count MFU uses. With two depths, the slope between them is
+what one more decoder layer adds to a step.
+"""
+
+import dataclasses
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .. import models
+from . import presets, timing
+from .generate import load_model, truncate
+
+CONTENDERS = ("device", "sync", "async", "ragged_dot")
+
+
+def add_arguments(p) -> None:
+    presets.add_argument(p)
+    p.add_argument("--hf", metavar="PATH", help="a local Hugging Face checkpoint instead of a preset's random weights")
+    p.add_argument("--layers", type=presets.positive_int, nargs="+", default=[2, 4],
+                   help="decoder layers of the timed models, the first ones of the model's (default: 2 4; two or more "
+                        "give the slope per layer)")
+    p.add_argument("--batch", type=presets.positive_int, default=1, help="sequences per step (default: 1)")
+    p.add_argument("--seq", type=presets.positive_int, help="tokens per sequence (default: 4096; 256 with --preset tiny)")
+    p.add_argument("--contenders", nargs="+", default=list(CONTENDERS), choices=CONTENDERS,
+                   help="the routed experts' path (default: all; the first is the reference)")
+    p.add_argument("--reps", type=presets.positive_int, default=10, help="timing samples of 3 steps each (default: 10)")
+
+
+def train_step(config, contender: str):
+    """The jitted step (params, tokens [B, S + 1]) -> (loss, grads): next-token cross-entropy of
+    te_async.models.forward over tokens[:, :-1]."""
+    experts, mode = ("ragged_dot", None) if contender == "ragged_dot" else ("te_async", contender)
+
+    def loss(params, tokens):
+        logits = models.forward(params, config, tokens[:, :-1], group_sizes_mode=mode, experts=experts)
+        picked = jnp.take_along_axis(logits, tokens[:, 1:, None], axis=-1)[..., 0]
+        return jnp.mean(jax.nn.logsumexp(logits, axis=-1) - picked)
+
+    return jax.jit(jax.value_and_grad(loss))
+
+
+def _rel_error(out, ref) -> float:
+    """Relative error of a pytree of gradients, over all its leaves at once."""
+    diff = sum(float(np.sum((np.asarray(o, np.float64) - np.asarray(r, np.float64)) ** 2))
+               for o, r in zip(jax.tree.leaves(out), jax.tree.leaves(ref)))
+    norm = sum(float(np.sum(np.asarray(r, np.float64) ** 2)) for r in jax.tree.leaves(ref))
+    return float(np.sqrt(diff / max(norm, 1e-300)))
+
+
+def _same_bits(a, b) -> bool:
+    return all(np.array_equal(np.asarray(x).reshape(-1).view(np.uint8), np.asarray(y).reshape(-1).view(np.uint8))
+               for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+def measure(step, inputs, reps: int, profile: bool) -> dict:
+    """Wall clock and GPU time of a step, its first input's output, its host-size counters and
+    whether a second step on that input gives the same bits."""
+    out, counts = timing.counted_call(step, *inputs[0])
+    t = timing.time_calls(step, inputs, reps=reps, inner=3)
+    gpu_s = timing.device_time_s(step, inputs, calls=3) if profile else None
+    row = {**t.as_dict(), "gpu_ms": None if gpu_s is None else 1e3 * gpu_s,
+           "deterministic": _same_bits(out, step(*inputs[0])), "host_sizes": counts}
+    return row, out
+
+
+def run(args) -> dict:
+    gpu = jax.default_backend() == "gpu"
+    dtype = jnp.bfloat16 if gpu else jnp.float32
+    preset = None if args.hf else presets.default_name(args.preset)
+    seq = args.seq or presets.prefill_tokens(preset or presets.GPU_DEFAULT)
+    depths = sorted(set(args.layers))
+    t0 = time.perf_counter()
+    full_params, full_config = load_model(preset, args.hf, max(depths), dtype)
+    jax.block_until_ready(full_params)
+    print(f"train-model: {args.hf or preset}, {full_config.model_type}, layers {depths}, batch {args.batch} x "
+          f"{seq} tokens, {jnp.dtype(dtype).name}, weights ready in {time.perf_counter() - t0:.1f} s", flush=True)
+    key = jax.random.key(1)
+    results = []
+    for depth in depths:
+        params, config = truncate(full_params, full_config, depth)
+        flops = models.train_flops(config, args.batch, seq)
+        inputs = [(params, jax.random.randint(jax.random.fold_in(key, i), (args.batch, seq + 1), 0, config.vocab_size))
+                  for i in range(2)]
+        reference = None
+        for contender in args.contenders:
+            row = {"contender": contender, "layers": depth, "tokens": args.batch * seq, "model_flops": flops}
+            try:
+                reps = args.reps if contender != "ragged_dot" or not gpu else max(3, args.reps // 3)  # XLA's is slow
+                timed, out = measure(train_step(config, contender), inputs, reps, profile=gpu)
+                row.update(timed, tokens_per_s=args.batch * seq / (timed["median_ms"] / 1e3),
+                           tflops=flops / (timed["median_ms"] / 1e3) / 1e12, loss=float(out[0]))
+                if reference is None:
+                    reference = out
+                else:
+                    row.update(loss_rel_error=abs(float(out[0]) - float(reference[0])) / abs(float(reference[0])),
+                               grad_rel_error=_rel_error(out[1], reference[1]))
+            except Exception as e:  # a contender that cannot run here is recorded, not fatal
+                row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+            results.append(row)
+            print(_line(row), flush=True)
+    slopes = per_layer_slopes(results, depths)
+    result = {"benchmark": "train-model",
+              "config": dict(preset=preset, hf=args.hf, model=dataclasses.asdict(full_config), layers=depths,
+                             batch=args.batch, seq=seq, dtype=jnp.dtype(dtype).name, contenders=args.contenders,
+                             reference=args.contenders[0]),
+              "results": results, "slopes": slopes}
+    table = markdown(result)
+    (args.out / "train_model.md").write_text(table)
+    print(table)
+    return result
+
+
+def per_layer_slopes(results: list, depths: list) -> dict:
+    """contender -> ms one more decoder layer adds to a step, between the shallowest and the
+    deepest model (wall clock)."""
+    if len(depths) < 2:
+        return {}
+    ms = {(r["contender"], r["layers"]): r["median_ms"] for r in results if "error" not in r}
+    lo, hi = depths[0], depths[-1]
+    return {c: (ms[c, hi] - ms[c, lo]) / (hi - lo) for c, _ in ms if (c, lo) in ms and (c, hi) in ms}
+
+
+def _line(row) -> str:
+    head = f"{row['layers']:3d} layers {row['contender']:10s}"
+    if "error" in row:
+        return f"{head} error: {row['error'][:160]}"
+    gpu = "" if row["gpu_ms"] is None else f" (GPU {row['gpu_ms']:.2f} ms)"
+    check = "" if "grad_rel_error" not in row else f"  grads vs reference {row['grad_rel_error']:.1e}"
+    return (f"{head} {row['median_ms']:9.2f} ms/step{gpu} {row['tokens_per_s']:10.0f} tokens/s "
+            f"{row['tflops']:7.3g} TFLOP/s  loss {row['loss']:.4f}{check}  deterministic {row['deterministic']}")
+
+
+def _cell(row) -> str:
+    if row is None or "error" in row:
+        return "error" if row else ""
+    gpu = "" if row["gpu_ms"] is None else f" / {row['gpu_ms']:.2f}"
+    return f"{row['median_ms']:.2f}{gpu} ({row['tflops']:.3g})"
+
+
+def markdown(result) -> str:
+    rows, cfg, slopes = result["results"], result["config"], result["slopes"]
+    depths = cfg["layers"]
+    find = lambda c, d: next((r for r in rows if r["contender"] == c and r["layers"] == d), None)
+    head = ["contender"] + [f"{d} layers: ms per step (TFLOP/s)" for d in depths]
+    head += ["ms per layer (slope)"] if slopes else []
+    head += ["grads vs " + cfg["reference"], "same bits twice"]
+    lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    for c in cfg["contenders"]:
+        deepest = find(c, depths[-1])
+        ok = deepest is not None and "error" not in deepest
+        cells = [c] + [_cell(find(c, d)) for d in depths]
+        cells += [f"{slopes[c]:.2f}" if c in slopes else ""] if slopes else []
+        cells += [f"{deepest['grad_rel_error']:.1e}" if ok and "grad_rel_error" in deepest else "",
+                  str(deepest["deterministic"]) if ok else ""]
+        lines.append("| " + " | ".join(cells) + " |")
+    name = cfg["hf"] or cfg["preset"]
+    lines += ["", f"{name}'s first layers, a training step (loss and every gradient) on {cfg['batch']} x {cfg['seq']} "
+              f"tokens, {cfg['dtype']}: wall clock ms per step (median of back-to-back steps) / GPU busy ms, and model "
+              "TFLOP/s by wall clock (te_async.models.train_flops); the slope is what one more layer adds (wall clock). "
+              "Gradients against the first contender's (relative error over all of them); same bits: a second step on "
+              "the same input."]
+    return "\n".join(lines) + "\n"
