@@ -116,30 +116,35 @@ def _gather_rows_bwd(tokens, row_of_choice, g):
 _gather_rows.defvjp(_gather_rows_fwd, _gather_rows_bwd)
 
 
-@jax.custom_vjp
-def _permute_rows(rows, order, inverse):
-    """rows[order] where `inverse` is order's inverse permutation; its gradient is the gather
-    g[inverse], not a scatter of g into zeros."""
-    return rows[order]
-
-
-def _permute_rows_fwd(rows, order, inverse):
-    return rows[order], inverse
-
-
-def _permute_rows_bwd(inverse, g):
-    return g[inverse], None, None
-
-
-_permute_rows.defvjp(_permute_rows_fwd, _permute_rows_bwd)
-
-
 def combine(y_rows: jax.Array, dispatch: Dispatch, weights: jax.Array) -> jax.Array:
-    """Unpermutes the expert outputs and sums each token's k of them with its router weights
-    (float32). The unpermutation's gradient is a gather by the inverse order (no scatter)."""
+    """Unpermutes the expert outputs and sums each token's k of them with its router weights, in
+    float32. Its own gradient: the rows' is a gather through the inverse order (JAX's transpose
+    of the unpermutation would scatter into zeros), and it keeps y_rows, not the float32 copy of
+    the unpermuted rows that JAX's derivative of the weighted sum keeps (T*k*H*4 bytes a layer)."""
+    return _combine(y_rows, weights, dispatch.row_of_choice, dispatch.choice_of_row)
+
+
+@jax.custom_vjp
+def _combine(y_rows, weights, order, inverse):
     t, k = weights.shape
-    y = _permute_rows(y_rows, dispatch.row_of_choice, dispatch.choice_of_row).reshape(t, k, -1)
-    return jnp.einsum("tkh,tk->th", y.astype(jnp.float32), weights).astype(y_rows.dtype)
+    y = y_rows[order].reshape(t, k, -1).astype(jnp.float32)
+    return jnp.einsum("tkh,tk->th", y, weights).astype(y_rows.dtype)
+
+
+def _combine_fwd(y_rows, weights, order, inverse):
+    return _combine(y_rows, weights, order, inverse), (y_rows, weights, order, inverse)
+
+
+def _combine_bwd(residuals, g):
+    y_rows, weights, order, inverse = residuals
+    t, k = weights.shape
+    g = g.astype(jnp.float32)
+    d_weights = jnp.einsum("tkh,th->tk", y_rows[order].reshape(t, k, -1).astype(jnp.float32), g)
+    d_y = (g[:, None, :] * weights[:, :, None]).astype(y_rows.dtype).reshape(t * k, -1)
+    return d_y[inverse], d_weights, None, None
+
+
+_combine.defvjp(_combine_fwd, _combine_bwd)
 
 
 def kernel_applies(tokens: int, num_experts: int, top_k: int, n_group: int = 1) -> bool:

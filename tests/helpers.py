@@ -24,6 +24,12 @@ GATED = {"swiglu", "geglu"}
 ROW_SCATTER = re.compile(r'"stablehlo\.scatter".*update_window_dims = \[1\]')
 
 
+def allocated_buffers(stablehlo: str) -> list:
+    """The shapes (e.g. "5x4x4xf32") of the AllocateBuffer calls in StableHLO text: the buffers
+    that te_async.scan stacks into without filling them."""
+    return re.findall(r"custom_call @AllocateBuffer\(\) : \(\) -> tensor<([0-9x]+\w+)>", stablehlo)
+
+
 def gpu_available() -> bool:
     """te_async's CUDA extension is built and JAX sees a GPU: what tests marked `gpu` need."""
     import te_async

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import te_async
-from helpers import ROW_SCATTER, moe_params
+from helpers import ROW_SCATTER, allocated_buffers, moe_params
 from reference import rel_error
 from te_async.moe import moe_block
 from te_async.routing import combine, dispatch_rows, plan_dispatch
@@ -95,3 +95,19 @@ def test_training_step_gradients_are_bit_identical_on_the_gpu(rng):
         again = jax.tree_util.tree_map(np.asarray, grad(x, p))
         for a, b in zip(jax.tree_util.tree_leaves(first), jax.tree_util.tree_leaves(again)):
             np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
+
+
+def test_combine_keeps_the_rows_not_a_float32_copy(rng):
+    """Under te_async.scan, lowered for a GPU, combine's residual is its bf16 rows [L, T*k, H], not
+    the float32 [L, T, k, H] copy of the unpermuted rows that JAX's derivative of the weighted sum
+    keeps (twice the bytes, and a conversion pass)."""
+    layers, tokens, experts, top_k, hidden = 3, 16, 4, 2, 8
+    dispatch, _ = _dispatch(rng, tokens, experts, top_k)
+    weights = jnp.asarray(rng.random((layers, tokens, top_k)), jnp.float32)
+    x = jnp.asarray(rng.standard_normal((tokens, hidden)), jnp.bfloat16)
+    step = lambda c, w: (combine(jnp.tanh(dispatch_rows(c, dispatch)), dispatch, w), None)
+    loss = lambda x, w: jnp.sum(te_async.scan(step, x, w)[0].astype(jnp.float32))
+    lowered = jax.jit(jax.grad(loss, argnums=(0, 1))).trace(x, weights).lower(lowering_platforms=("cuda",)).as_text()
+    stacked = allocated_buffers(lowered)
+    assert f"{layers}x{tokens * top_k}x{hidden}xbf16" in stacked
+    assert not [s for s in stacked if s.endswith("f32") and s != f"{layers}x{tokens}x{top_k}xf32"]

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import te_async
-from helpers import mlp_layer_stack
+from helpers import allocated_buffers, mlp_layer_stack
 from reference import rel_error
 
 
@@ -156,11 +156,6 @@ def _gradients(loss, argnums) -> dict:
             for name, scan in (("lax", jax.lax.scan), ("te_async", te_async.scan))}
 
 
-def _allocated(text: str) -> list:
-    """The shapes (e.g. "5x4x4xf32") of the AllocateBuffer calls in StableHLO text: unwritten buffers."""
-    return re.findall(r"custom_call @AllocateBuffer\(\) : \(\) -> tensor<([0-9x]+\w+)>", text)
-
-
 def _scalar_fills(text: str, shape: str) -> int:
     """Broadcasts of a scalar to `shape` (e.g. "5x4x4xf32") in StableHLO text: zero fills."""
     return len(re.findall(r"broadcast_in_dim %\S+, dims = \[\] : \(tensor<\w+>\) -> tensor<" + shape + ">", text))
@@ -181,7 +176,7 @@ def test_gradient_for_the_gpu_fills_no_stack(rng):
     stacked_w, stacked_rows = f"{layers}x{hidden}x{hidden}xf32", f"{layers}x{rows}x{hidden}xf32"
     assert _scalar_fills(lowered["lax"], stacked_w) == 1 and _scalar_fills(lowered["lax"], stacked_rows) >= 1
     assert _scalar_fills(lowered["te_async"], stacked_w) == 0 and _scalar_fills(lowered["te_async"], stacked_rows) == 0
-    allocated = _allocated(lowered["te_async"])
+    allocated = allocated_buffers(lowered["te_async"])
     assert allocated.count(stacked_w) == 1
     assert allocated.count(stacked_rows) == _scalar_fills(lowered["lax"], stacked_rows)
 
@@ -204,7 +199,7 @@ def test_closed_over_values_are_passed_not_stacked(rng):
     for ours, ref in zip(grads["te_async"](x, w1, w2, scale, gs), grads["lax"](x, w1, w2, scale, gs)):
         assert rel_error(ours, ref) < 1e-5
     lowered = grads["te_async"].trace(x, w1, w2, scale, gs).lower(lowering_platforms=("cuda",)).as_text()
-    allocated = _allocated(lowered)
+    allocated = allocated_buffers(lowered)
     assert f"{layers}x{rows}x{hidden}xf32" in allocated and f"{layers}x{groups}xi32" not in allocated
 
 
@@ -230,7 +225,7 @@ def test_residuals_that_do_not_change_are_computed_once(rng):
     for ours, ref in zip(grads["te_async"](x, w, freq), grads["lax"](x, w, freq)):
         assert float(jnp.max(jnp.abs(ref))) > 0 and rel_error(ours, ref) < 1e-5
     lowered = grads["te_async"].trace(x, w, freq).lower(lowering_platforms=("cuda",)).as_text()
-    allocated = _allocated(lowered)
+    allocated = allocated_buffers(lowered)
     assert f"{layers}x{rows}x{hidden}xf32" in allocated  # the carry and the tanh: they change
     assert f"{layers}x{rows}x{rows}xf32" not in allocated
 
