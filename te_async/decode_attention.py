@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _ffi, plan
+from . import _ffi, mixed_precision, plan
 
 DECODE_ATTENTION = "te_async_decode_attention"
 KERNEL_ENV = "TE_ASYNC_DECODE_ATTENTION"
@@ -100,19 +100,19 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: flo
     """Softmax attention, q [B,S,H,d], k [B,L,Hkv,d], v [B,L,Hkv,dv] -> [B,S,H,dv] in out_dtype
     (default v's); the H query heads share the Hkv key heads in groups (repeat_kv); q_rope
     [B,S,H,dr] with k_rope [B,L,Hkv,dr] add a second score term (MLA's rope key); mask [S, L].
-    Scores and softmax in float32."""
-    f32 = jnp.float32
+    Scores and softmax in float32; the gradient's products read q's and v's dtype
+    (te_async.mixed_precision)."""
     b, s, h, _ = q.shape
     hkv = k.shape[2]
 
     def scores_of(query, key):
-        return jnp.einsum("bsngd,blnd->bngsl", query.reshape(b, s, hkv, h // hkv, -1), key, preferred_element_type=f32)
+        return mixed_precision.einsum("bsngd,blnd->bngsl", query.reshape(b, s, hkv, h // hkv, -1), key)
 
     scores = scores_of(q, k)
     if q_rope is not None:
         scores = scores + scores_of(q_rope, k_rope)
     probs = jax.nn.softmax(jnp.where(mask, scores * scale, -jnp.inf), axis=-1).astype(v.dtype)
-    out = jnp.einsum("bngsl,blnd->bsngd", probs, v, preferred_element_type=f32)
+    out = mixed_precision.einsum("bngsl,blnd->bsngd", probs, v)
     return out.astype(v.dtype if out_dtype is None else out_dtype).reshape(b, s, h, v.shape[-1])
 
 

@@ -32,7 +32,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from . import _ffi
+from . import _ffi, mixed_precision
 from .mlp import activate
 
 MAX_ROWS = 16  # rows up to which linear() runs te_async's kernels (see the module docstring)
@@ -97,11 +97,12 @@ def static_weight_slices():
 
 
 def _xla(x, w, out_type, transpose_w=False, swiglu_input=False):
+    """XLA's GEMM; its gradient's GEMMs read the operands' dtype (te_async.mixed_precision)."""
     if swiglu_input:
         x = activate(x, "swiglu")
-    spec = "...k,nk->...n" if transpose_w else "...k,kn->...n"
-    return jnp.einsum(spec, x, w, precision=jax.lax.Precision.HIGHEST,
-                      preferred_element_type=jnp.float32).astype(out_type)
+    y = mixed_precision.einsum("mk,nk->mn" if transpose_w else "mk,kn->mn", x.reshape(-1, x.shape[-1]), w,
+                               precision=jax.lax.Precision.HIGHEST)
+    return y.astype(out_type).reshape(*x.shape[:-1], y.shape[-1])
 
 
 def _kernel(x, w, out_type, swiglu_input, tensor_cores):

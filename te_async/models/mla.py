@@ -28,7 +28,7 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from .. import mla_token
+from .. import mixed_precision, mla_token
 from ..decode_attention import attend, causal_mask
 from ..mla_decode import mla_decode_attention
 from .attention import linear, project_input, restacked, stacked, write
@@ -69,7 +69,7 @@ def mla_attention(p: dict, cfg, x: jax.Array, cos: jax.Array, sin: jax.Array, ca
     c = rms_norm(ckv[..., :cfg.kv_lora_rank], p["kv_a_norm"], LATENT_NORM_EPS)
     k_pe = _rope(ckv[..., None, cfg.kv_lora_rank:], cos, sin, cfg.rope_interleave)[:, :, 0]  # [B, S, rope_dim]
     if position is None:
-        kv = jnp.einsum("bsr,hdr->bshd", c, w_kv, preferred_element_type=jnp.float32).astype(x.dtype)
+        kv = mixed_precision.einsum("bsr,hdr->bshd", c, w_kv).astype(x.dtype)
         k = jnp.concatenate([kv[..., :nope], jnp.broadcast_to(k_pe[:, :, None], (b, s, heads, rope_dim))], axis=-1)
         pos = jnp.arange(s, dtype=jnp.int32)
         out = attend(jnp.concatenate([q_nope, q_pe], axis=-1), k, kv[..., nope:], causal_mask(pos, pos, window), scale)
