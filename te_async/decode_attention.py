@@ -100,8 +100,15 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: flo
     """Softmax attention, q [B,S,H,d], k [B,L,Hkv,d], v [B,L,Hkv,dv] -> [B,S,H,dv] in out_dtype
     (default v's); the H query heads share the Hkv key heads in groups (repeat_kv); q_rope
     [B,S,H,dr] with k_rope [B,L,Hkv,dr] add a second score term (MLA's rope key); mask [S, L].
-    Scores and softmax in float32; the gradient's products read q's and v's dtype
-    (te_async.mixed_precision)."""
+    Scores and softmax in float32. Differentiated, it keeps its inputs alone and recomputes the
+    scores and probabilities in its backward (jax.checkpoint), where JAX would keep them in float32
+    and bf16 (B*H*S*L*6 bytes: 1.6 GB a DeepSeek-V2-Lite layer at 4096 tokens); the gradient's
+    products read q's and v's dtype (te_async.mixed_precision)."""
+    return _attend(q, k, v, mask, scale, q_rope, k_rope, out_dtype)
+
+
+@functools.partial(jax.checkpoint, static_argnums=(4, 7))
+def _attend(q, k, v, mask, scale, q_rope, k_rope, out_dtype):
     b, s, h, _ = q.shape
     hkv = k.shape[2]
 

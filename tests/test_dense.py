@@ -167,22 +167,3 @@ def test_kernel_splits_small_n():
     assert small_groups_slices(1, 1, 2048, 576, jnp.bfloat16) == 8
     assert small_groups_slices(1, 1, 64, 4100, jnp.bfloat16) == 1
 
-
-def test_swiglu_mlp_training_keeps_no_float32_activation(rng):
-    """A scanned bf16 SwiGLU MLP (a shared expert, a dense layer) at training rows, differentiated
-    and lowered for a GPU: te_async.scan stacks its bf16 GEMM inputs, and no float32 array of the
-    activation's size (te_async.mlp.activate recomputes its float32 values in the backward)."""
-    import te_async
-    from helpers import allocated_buffers
-    from te_async.models.ffn import swiglu_mlp
-
-    layers, rows, hidden, ffn = 3, 64, 16, 24
-    bf16 = lambda *shape: jnp.asarray(rng.standard_normal(shape) / 4, jnp.bfloat16)
-    p = {"w_gate_up": bf16(layers, hidden, 2 * ffn), "w_down": bf16(layers, ffn, hidden)}
-    step = lambda x, p: (x + swiglu_mlp(p, x), None)
-    loss = lambda x, p: jnp.sum(te_async.scan(step, x, p)[0].astype(jnp.float32))
-    lowered = jax.jit(jax.grad(loss, argnums=(0, 1))).trace(bf16(rows, hidden), p).lower(
-        lowering_platforms=("cuda",)).as_text()
-    stacked = allocated_buffers(lowered)
-    assert f"{layers}x{rows}x{2 * ffn}xbf16" in stacked
-    assert not [s for s in stacked if s.endswith("f32")]
