@@ -100,9 +100,9 @@ def _xla(x, w, out_type, transpose_w=False, swiglu_input=False):
     """XLA's GEMM; its gradient's GEMMs read the operands' dtype (te_async.mixed_precision)."""
     if swiglu_input:
         x = activate(x, "swiglu")
-    y = mixed_precision.einsum("mk,nk->mn" if transpose_w else "mk,kn->mn", x.reshape(-1, x.shape[-1]), w,
-                               precision=jax.lax.Precision.HIGHEST)
-    return y.astype(out_type).reshape(*x.shape[:-1], y.shape[-1])
+    lead = "abcdefghij"[:x.ndim - 1]  # x's leading axes (linear's "...")
+    spec = f"{lead}k,nk->{lead}n" if transpose_w else f"{lead}k,kn->{lead}n"
+    return mixed_precision.einsum(spec, x, w, precision=jax.lax.Precision.HIGHEST).astype(out_type)
 
 
 def _kernel(x, w, out_type, swiglu_input, tensor_cores):
