@@ -19,9 +19,16 @@ FORMS = [("m", False), ("m", True), ("k", False)]
 
 GATED = {"swiglu", "geglu"}
 
-# In lowered StableHLO, a scatter of whole rows ([N, H] updates): JAX's transpose of a row gather,
-# which XLA's GPU backend runs with atomic adds in the rows' dtype, in no fixed order.
-ROW_SCATTER = re.compile(r'"stablehlo\.scatter".*update_window_dims = \[1\]')
+def scatter_results(stablehlo: str) -> list:
+    """The result types (e.g. "102400x2048xbf16") of the scatters in StableHLO text. A scatter of
+    rows is JAX's transpose of a row gather, which XLA's GPU backend runs with atomic adds in the
+    rows' dtype, in no fixed order."""
+    return re.findall(r'"stablehlo\.scatter".*?\}\) : \([^)]*\) -> tensor<([0-9x]+x\w+)>', stablehlo, re.DOTALL)
+
+
+def float_rows(shapes: list, width: int) -> list:
+    """Those of `shapes` ("AxBxf32") that are floating-point arrays of rows of `width`."""
+    return [s for s in shapes if s.split("x")[-1][0] in "fb" and int(s.split("x")[-2]) == width]
 
 
 def allocated_buffers(stablehlo: str) -> list:
