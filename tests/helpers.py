@@ -19,16 +19,16 @@ FORMS = [("m", False), ("m", True), ("k", False)]
 
 GATED = {"swiglu", "geglu"}
 
-def scatter_results(stablehlo: str) -> list:
-    """The result types (e.g. "102400x2048xbf16") of the scatters in StableHLO text. A scatter of
-    rows is JAX's transpose of a row gather, which XLA's GPU backend runs with atomic adds in the
-    rows' dtype, in no fixed order."""
-    return re.findall(r'"stablehlo\.scatter".*?\}\) : \([^)]*\) -> tensor<([0-9x]+x\w+)>', stablehlo, re.DOTALL)
-
-
-def float_rows(shapes: list, width: int) -> list:
-    """Those of `shapes` ("AxBxf32") that are floating-point arrays of rows of `width`."""
-    return [s for s in shapes if s.split("x")[-1][0] in "fb" and int(s.split("x")[-2]) == width]
+def row_scatter_adds(stablehlo: str, width: int) -> list:
+    """The result types (e.g. "61x32xf32") of the scatters in StableHLO text that add float rows of
+    `width`: JAX's transpose of a row gather, which XLA's GPU backend runs with atomic adds in the
+    rows' dtype, in no fixed order. Raises if the text has no scatter at all (a pattern that no
+    longer matches would otherwise pass every check)."""
+    found = re.findall(r'"stablehlo\.scatter"(.*?)\}\) : \([^)]*\) -> tensor<([0-9x]+)x(\w+)>', stablehlo, re.DOTALL)
+    if not found:
+        raise AssertionError("no scatter in the text")
+    return [f"{dims}x{dtype}" for region, dims, dtype in found
+            if "stablehlo.add" in region and dtype[0] in "fb" and int(dims.split("x")[-1]) == width]
 
 
 def allocated_buffers(stablehlo: str) -> list:

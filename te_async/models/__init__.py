@@ -16,9 +16,10 @@ params["layers"] and the cache hold one entry per run of consecutive layers of o
 lists the layers one by one; stack_layers stacks them back.
 
 Files: config.py (Config from config.json), presets.py, params.py (pytree layout, init), hf.py
-(loading), norm.py, rope.py, attention.py (grouped-query), mla.py (DeepSeek latent attention),
-cache.py, ffn.py (dense SwiGLU), routing.py, moe_layer.py (MoE block), model.py (forward, prefill,
-decode_step, generate), cost.py (decode_bytes, train_flops).
+(loading), embedding.py (the lookup; a deterministic gradient), norm.py, rope.py, attention.py
+(grouped-query), mla.py (DeepSeek latent attention), cache.py, ffn.py (dense SwiGLU), routing.py,
+moe_layer.py (MoE block), model.py (forward, prefill, decode_step, generate), cost.py
+(decode_bytes, train_flops).
 """
 
 from .cache import init_cache

@@ -27,6 +27,7 @@ from ..scan_vjp import scan as te_async_scan
 from .attention import LayerOf, gqa_attention
 from .cache import cache_batch, cache_length, cache_shapes, init_cache
 from .config import Config
+from .embedding import embed
 from .ffn import swiglu_mlp
 from .mla import mla_sublayer
 from .moe_layer import check_experts, moe_sublayer
@@ -45,12 +46,6 @@ _STATIC = ("config", "group_sizes_mode", "experts")
 # it in a build without CUTLASS, where a CUTLASS build runs CUTLASS, so the range stops at 16 until
 # that is measured.
 UNROLL_BATCHES = (1,) + tuple(range(4, 17))
-
-
-def _embed(embed: jax.Array, tokens: jax.Array) -> jax.Array:
-    valid = (tokens >= 0) & (tokens < embed.shape[0])
-    x = jnp.take(embed, jnp.where(valid, tokens, 0), axis=0)
-    return jnp.where(valid[..., None], x, jnp.nan)
 
 
 def scope_name(start: int, n: int) -> str:
@@ -94,7 +89,7 @@ def _decoder(params, cfg: Config, tokens, cache, position, group_sizes_mode, exp
     check_params(params, cfg)
     if tokens.ndim != 2 or not jnp.issubdtype(tokens.dtype, jnp.integer):
         raise ValueError(f"tokens must be integer [batch, seq], got {tokens.dtype} {tuple(tokens.shape)}")
-    x = _embed(params["embed"], tokens.astype(jnp.int32))
+    x = embed(params["embed"], tokens)
     positions = (0 if position is None else position) + jnp.arange(tokens.shape[1], dtype=jnp.int32)
     cos, sin = cos_sin(positions, cfg.rope_dim, cfg.rope_theta, cfg.rope_scaling)
     new_cache, routing = [], []
