@@ -3,9 +3,9 @@ operands too.
 
 jnp.einsum(a, b, preferred_element_type=float32) of bf16 operands runs a bf16 GEMM, but JAX's
 derivative of it multiplies the float32 cotangent by the other operand converted to float32:
-float32 GEMMs, which XLA runs on the CUDA cores at precision HIGHEST (on an H200 about 60 TFLOP/s,
-against about 700 for bf16 on the tensor cores) and as TF32 at DEFAULT (half the bf16 rate),
-reading twice the bytes either way. einsum() here rounds the cotangent to the operands' dtype
+float32 GEMMs, which XLA runs without tensor cores at precision HIGHEST (an H200's datasheet:
+67 TFLOP/s FP32 against 989 dense bf16) and as TF32 at DEFAULT (half the bf16 rate), reading
+twice the bytes either way. einsum() here rounds the cotangent to the operands' dtype
 before its two gradient products, as mixed-precision training does (PyTorch's autocast Linear,
 FlashAttention's dS), so a bf16 model's backward runs bf16 GEMMs with float32 accumulation.
 Where the product's output is rounded to the operands' dtype anyway (a linear layer's output),

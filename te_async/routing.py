@@ -94,8 +94,8 @@ def dispatch_rows(x: jax.Array, dispatch: Dispatch) -> jax.Array:
     """x [T, H] -> its T*k rows in expert order (row r is x[token_of_row[r]]), the grouped GEMMs'
     input. Differentiable without a scatter: the gradient sums each token's k rows, gathered
     through row_of_choice, in float32 in choice order. JAX's own transpose of the gather is a
-    scatter-add, which XLA's GPU backend runs with atomic adds in x's dtype, so a bf16 gradient was
-    rounded after every add and its bits changed from run to run."""
+    scatter-add, which XLA's GPU backend runs with atomic adds in x's dtype: a bf16 gradient was
+    rounded after every add, in an order that can change from run to run."""
     return _gather_rows(x.shape[0], x, dispatch.token_of_row, dispatch.row_of_choice)
 
 
