@@ -155,7 +155,7 @@ def test_train_model_bench_runs_checks_and_slopes(tmp_path):
     """bench train-model: every contender at both depths, checked against the first, deterministic,
     TFLOP/s the model FLOPs over the step's time, and the slope between the depths."""
     cli.main(["train-model", "--preset", "tiny", "--layers", "1", "2", "--seq", "16", "--batch", "2",
-              "--contenders", "device", "ragged_dot", "--reps", "1", "--out", str(tmp_path)])
+              "--contenders", "device", "ragged_dot", "--reps", "1", "--profile", "--out", str(tmp_path)])
     result = json.loads((tmp_path / "train-model.json").read_text())
     rows = result["results"]
     assert [(r["layers"], r["contender"]) for r in rows] == [(1, "device"), (1, "ragged_dot"), (2, "device"),
@@ -167,6 +167,9 @@ def test_train_model_bench_runs_checks_and_slopes(tmp_path):
     for r in rows[1::2]:
         assert r["loss_rel_error"] < 1e-6 and r["grad_rel_error"] < 1e-5
     assert set(result["slopes"]) == {"device", "ragged_dot"}
+    profiled = [r for r in rows if "idle_fraction" in r]  # the deepest model's, one profiled step each
+    assert [r["layers"] for r in profiled] == [2, 2] and (jax.default_backend() == "gpu") == all(
+        r["idle_fraction"] is not None for r in profiled)
     assert "| ragged_dot |" in (tmp_path / "train_model.md").read_text()
 
 

@@ -14,9 +14,12 @@ Per contender and depth: the step's wall clock (median of back-to-back steps) an
 (the profiler's kernel time), tokens per second, and model TFLOP/s by wall clock:
 te_async.models.train_flops (every weight matrix a token passes through and causal attention, 3x
 the forward) over the step's time, the count MFU uses. With two depths, the slope between them is
-what one more decoder layer adds to a step.
+what one more decoder layer adds to a step. On a GPU one step of the deepest model is profiled per
+contender: its GPU time per kernel (train_model_timeline_kernels.md: where a training step's time
+goes) and its idle share.
 """
 
+import argparse
 import dataclasses
 import time
 
@@ -25,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import models
-from . import presets, timing
+from . import presets, timing, trace
 from .generate import load_model, truncate
 
 CONTENDERS = ("device", "sync", "async", "ragged_dot")
@@ -42,6 +45,10 @@ def add_arguments(p) -> None:
     p.add_argument("--contenders", nargs="+", default=list(CONTENDERS), choices=CONTENDERS,
                    help="the routed experts' path (default: all; the first is the reference)")
     p.add_argument("--reps", type=presets.positive_int, default=10, help="timing samples of 3 steps each (default: 10)")
+    p.add_argument("--profile", action=argparse.BooleanOptionalAction, default=None,
+                   help="profile one step of the deepest model per contender (default: on a GPU only)")
+    p.add_argument("--plots", action=argparse.BooleanOptionalAction, default=True,
+                   help="draw the profiled steps' timeline (default: on)")
 
 
 def train_step(config, contender: str):
@@ -70,19 +77,27 @@ def _same_bits(a, b) -> bool:
                for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
 
 
-def measure(step, inputs, reps: int, profile: bool) -> dict:
+def measure(step, inputs, reps: int, gpu: bool) -> dict:
     """Wall clock and GPU time of a step, its first input's output, its host-size counters and
     whether a second step on that input gives the same bits."""
     out, counts = timing.counted_call(step, *inputs[0])
     t = timing.time_calls(step, inputs, reps=reps, inner=3)
-    gpu_s = timing.device_time_s(step, inputs, calls=3) if profile else None
+    gpu_s = timing.device_time_s(step, inputs, calls=3) if gpu else None
     row = {**t.as_dict(), "gpu_ms": None if gpu_s is None else 1e3 * gpu_s,
            "deterministic": _same_bits(out, step(*inputs[0])), "host_sizes": counts}
     return row, out
 
 
+def profile(step, inputs, log_dir) -> tuple:
+    """(idle figures of a profiled step, its kernels' timeline intervals or None off a GPU)."""
+    fields, window = timing.profile_steps(lambda i: step(*inputs[i % len(inputs)]), log_dir, steps=2,
+                                          annotation="train_step")
+    return fields, None if window is None else trace.timeline_intervals(log_dir, window=window)
+
+
 def run(args) -> dict:
     gpu = jax.default_backend() == "gpu"
+    profiled = gpu if args.profile is None else args.profile
     dtype = jnp.bfloat16 if gpu else jnp.float32
     preset = None if args.hf else presets.default_name(args.preset)
     seq = args.seq or presets.prefill_tokens(preset or presets.GPU_DEFAULT)
@@ -93,7 +108,7 @@ def run(args) -> dict:
     print(f"train-model: {args.hf or preset}, {full_config.model_type}, layers {depths}, batch {args.batch} x "
           f"{seq} tokens, {jnp.dtype(dtype).name}, weights ready in {time.perf_counter() - t0:.1f} s", flush=True)
     key = jax.random.key(1)
-    results = []
+    results, timelines = [], {}
     for depth in depths:
         params, config = truncate(full_params, full_config, depth)
         flops = models.train_flops(config, args.batch, seq)
@@ -104,9 +119,15 @@ def run(args) -> dict:
             row = {"contender": contender, "layers": depth, "tokens": args.batch * seq, "model_flops": flops}
             try:
                 reps = args.reps if contender != "ragged_dot" or not gpu else max(3, args.reps // 3)  # XLA's is slow
-                timed, out = measure(train_step(config, contender), inputs, reps, profile=gpu)
+                step = train_step(config, contender)
+                timed, out = measure(step, inputs, reps, gpu)
                 row.update(timed, tokens_per_s=args.batch * seq / (timed["median_ms"] / 1e3),
                            tflops=flops / (timed["median_ms"] / 1e3) / 1e12, loss=float(out[0]))
+                if profiled and depth == depths[-1]:
+                    fields, intervals = profile(step, inputs, args.out / "traces" / contender)
+                    row.update(fields)
+                    if intervals:
+                        timelines[contender] = intervals
                 if reference is None:
                     reference = out
                 else:
@@ -116,11 +137,13 @@ def run(args) -> dict:
                 row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
             results.append(row)
             print(_line(row), flush=True)
+    trace.write_timeline(timelines, args.out / "train_model_timeline", args.plots)
     slopes = per_layer_slopes(results, depths)
     result = {"benchmark": "train-model",
               "config": dict(preset=preset, hf=args.hf, model=dataclasses.asdict(full_config), layers=depths,
                              batch=args.batch, seq=seq, dtype=jnp.dtype(dtype).name, contenders=args.contenders,
-                             reference=args.contenders[0]),
+                             reference=args.contenders[0], profile=profiled,
+                             cmdbuf_during_profiling=timing.cmdbuf_during_profiling()),
               "results": results, "slopes": slopes}
     table = markdown(result)
     (args.out / "train_model.md").write_text(table)
@@ -143,6 +166,8 @@ def _line(row) -> str:
     if "error" in row:
         return f"{head} error: {row['error'][:160]}"
     gpu = "" if row["gpu_ms"] is None else f" (GPU {row['gpu_ms']:.2f} ms)"
+    if row.get("idle_fraction") is not None:
+        gpu += f" idle {row['idle_fraction']:.0%} of a profiled step"
     check = "" if "grad_rel_error" not in row else f"  grads vs reference {row['grad_rel_error']:.1e}"
     return (f"{head} {row['median_ms']:9.2f} ms/step{gpu} {row['tokens_per_s']:10.0f} tokens/s "
             f"{row['tflops']:7.3g} TFLOP/s  loss {row['loss']:.4f}{check}  deterministic {row['deterministic']}")
@@ -161,20 +186,23 @@ def markdown(result) -> str:
     find = lambda c, d: next((r for r in rows if r["contender"] == c and r["layers"] == d), None)
     head = ["contender"] + [f"{d} layers: ms per step (TFLOP/s)" for d in depths]
     head += ["ms per layer (slope)"] if slopes else []
-    head += ["grads vs " + cfg["reference"], "same bits twice"]
+    head += ["GPU idle", "grads vs " + cfg["reference"], "same bits twice"]
     lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     for c in cfg["contenders"]:
         deepest = find(c, depths[-1])
         ok = deepest is not None and "error" not in deepest
         cells = [c] + [_cell(find(c, d)) for d in depths]
         cells += [f"{slopes[c]:.2f}" if c in slopes else ""] if slopes else []
-        cells += [f"{deepest['grad_rel_error']:.1e}" if ok and "grad_rel_error" in deepest else "",
+        idle = deepest.get("idle_fraction") if ok else None
+        cells += ["" if idle is None else f"{idle:.0%}",
+                  f"{deepest['grad_rel_error']:.1e}" if ok and "grad_rel_error" in deepest else "",
                   str(deepest["deterministic"]) if ok else ""]
         lines.append("| " + " | ".join(cells) + " |")
     name = cfg["hf"] or cfg["preset"]
     lines += ["", f"{name}'s first layers, a training step (loss and every gradient) on {cfg['batch']} x {cfg['seq']} "
               f"tokens, {cfg['dtype']}: wall clock ms per step (median of back-to-back steps) / GPU busy ms, and model "
               "TFLOP/s by wall clock (te_async.models.train_flops); the slope is what one more layer adds (wall clock). "
-              "Gradients against the first contender's (relative error over all of them); same bits: a second step on "
-              "the same input."]
+              "GPU idle, gradients against the first contender's (relative error over all of them) and same bits (a second "
+              "step on the same input) are the deepest model's; the idle share is of a profiled step, its GPU time per kernel "
+              "in train_model_timeline_kernels.md."]
     return "\n".join(lines) + "\n"
