@@ -135,13 +135,14 @@ def test_train_bench_runs_each_contender_under_each_scan(tmp_path):
     assert "| device, te_async.scan |" in (tmp_path / "train.md").read_text()
 
 
-def test_train_model_step_is_next_token_cross_entropy(rng):
+@pytest.mark.parametrize("remat", [False, True])
+def test_train_model_step_is_next_token_cross_entropy(rng, remat):
     """bench train-model's step: the loss is the float64 next-token cross-entropy of the model's
-    logits, and its gradients are jax.grad's of that loss on the same path (every parameter gets one)."""
+    logits, and every parameter gets a gradient (with and without --remat)."""
     config = presets.config("tiny", num_hidden_layers=2)
     params = models.init_params(config, jax.random.key(3), jnp.float32)
     tokens = jnp.asarray(rng.integers(0, config.vocab_size, (2, 9)), jnp.int32)
-    loss, grads = train_model.train_step(config, "device")(params, tokens)
+    loss, grads = train_model.train_step(config, "device", remat)(params, tokens)
     logits = np.asarray(models.forward(params, config, tokens[:, :-1]), np.float64)
     targets = np.asarray(tokens[:, 1:])
     top = logits.max(-1)

@@ -272,6 +272,24 @@ def test_mixed_precision_training_learns(name, experts):
     assert losses[-1] < 0.25 * losses[0], losses
 
 
+@pytest.mark.parametrize("name", ["deepseek_v2_scan", "mixtral_scan"])
+def test_remat_keeps_each_layers_input_alone(name):
+    """forward(remat=True): the same gradients as without, and lowered for the GPU the scanned
+    run's gradient stacks nothing but its weight gradients and each layer's input [L, B, S, H]."""
+    config, params, tokens, _ = make_model(name)
+    loss = lambda p, remat: jnp.sum(models.forward(p, config, jnp.asarray(tokens), remat=remat) ** 2)
+    grad = jax.jit(jax.grad(loss), static_argnums=1)
+    for ours, ref in zip(jax.tree.leaves(grad(params, True)), jax.tree.leaves(grad(params, False))):
+        assert rel_error(ours, ref) < 1e-5
+    layers = models.layer_runs(config)[-1][1]
+    weights = {"x".join(map(str, a.shape)) + "xf32" for a in jax.tree.leaves(params["layers"][-1])}
+    lowered = jax.jit(jax.grad(lambda p: loss(p, True))).trace(params).lower(lowering_platforms=("cuda",)).as_text()
+    stacks = set(allocated_buffers(lowered)) - weights
+    assert stacks == {f"{layers}x{tokens.shape[0]}x{tokens.shape[1]}x{config.hidden_size}xf32"}, stacks
+    with pytest.raises(TypeError, match="remat must be True or False"):
+        models.forward(params, config, tokens, remat="layer")
+
+
 @pytest.mark.parametrize("name", ["deepseek_v2_scan", "qwen2_moe"])
 def test_bf16_training_gradient_is_the_same_bits_twice(name):
     """Two gradients of a bf16 model's loss on one batch are bit-identical, on whatever backend

@@ -44,6 +44,7 @@ def add_arguments(p) -> None:
     p.add_argument("--seq", type=presets.positive_int, help="tokens per sequence (default: 4096; 256 with --preset tiny)")
     p.add_argument("--contenders", nargs="+", default=list(CONTENDERS), choices=CONTENDERS,
                    help="the routed experts' path (default: all; the first is the reference)")
+    p.add_argument("--remat", action="store_true", help="each decoder layer under jax.checkpoint (models.forward's remat)")
     p.add_argument("--reps", type=presets.positive_int, default=10, help="timing samples of 3 steps each (default: 10)")
     p.add_argument("--profile", action=argparse.BooleanOptionalAction, default=None,
                    help="profile one step of the deepest model per contender (default: on a GPU only)")
@@ -51,13 +52,13 @@ def add_arguments(p) -> None:
                    help="draw the profiled steps' timeline (default: on)")
 
 
-def train_step(config, contender: str):
+def train_step(config, contender: str, remat: bool = False):
     """The jitted step (params, tokens [B, S + 1]) -> (loss, grads): next-token cross-entropy of
     te_async.models.forward over tokens[:, :-1]."""
     experts, mode = ("ragged_dot", None) if contender == "ragged_dot" else ("te_async", contender)
 
     def loss(params, tokens):
-        logits = models.forward(params, config, tokens[:, :-1], group_sizes_mode=mode, experts=experts)
+        logits = models.forward(params, config, tokens[:, :-1], group_sizes_mode=mode, experts=experts, remat=remat)
         picked = jnp.take_along_axis(logits, tokens[:, 1:, None], axis=-1)[..., 0]
         return jnp.mean(jax.nn.logsumexp(logits, axis=-1) - picked)
 
@@ -119,7 +120,7 @@ def run(args) -> dict:
             row = {"contender": contender, "layers": depth, "tokens": args.batch * seq, "model_flops": flops}
             try:
                 reps = args.reps if contender != "ragged_dot" or not gpu else max(3, args.reps // 3)  # XLA's is slow
-                step = train_step(config, contender)
+                step = train_step(config, contender, args.remat)
                 timed, out = measure(step, inputs, reps, gpu)
                 row.update(timed, tokens_per_s=args.batch * seq / (timed["median_ms"] / 1e3),
                            tflops=flops / (timed["median_ms"] / 1e3) / 1e12, loss=float(out[0]))
@@ -141,7 +142,8 @@ def run(args) -> dict:
     slopes = per_layer_slopes(results, depths)
     result = {"benchmark": "train-model",
               "config": dict(preset=preset, hf=args.hf, model=dataclasses.asdict(full_config), layers=depths,
-                             batch=args.batch, seq=seq, dtype=jnp.dtype(dtype).name, contenders=args.contenders,
+                             batch=args.batch, seq=seq, dtype=jnp.dtype(dtype).name, remat=args.remat,
+                             contenders=args.contenders,
                              reference=args.contenders[0], profile=profiled,
                              cmdbuf_during_profiling=timing.cmdbuf_during_profiling()),
               "results": results, "slopes": slopes}
@@ -199,8 +201,9 @@ def markdown(result) -> str:
                   str(deepest["deterministic"]) if ok else ""]
         lines.append("| " + " | ".join(cells) + " |")
     name = cfg["hf"] or cfg["preset"]
-    lines += ["", f"{name}'s first layers, a training step (loss and every gradient) on {cfg['batch']} x {cfg['seq']} "
-              f"tokens, {cfg['dtype']}: wall clock ms per step (median of back-to-back steps) / GPU busy ms, and model "
+    remat = ", each layer under jax.checkpoint" if cfg["remat"] else ""
+    lines += ["", f"{name}'s first layers, a training step (loss and every gradient{remat}) on {cfg['batch']} x "
+              f"{cfg['seq']} tokens, {cfg['dtype']}: wall clock ms per step (median of back-to-back steps) / GPU busy ms, and model "
               "TFLOP/s by wall clock (te_async.models.train_flops); the slope is what one more layer adds (wall clock). "
               "GPU idle, gradients against the first contender's (relative error over all of them) and same bits (a second "
               "step on the same input) are the deepest model's; the idle share is of a profiled step, its GPU time per kernel "

@@ -81,10 +81,12 @@ def _unrolled(body, carry, xs) -> tuple:
     return carry, None if outs[0] is None else jnp.stack(outs)
 
 
-def _decoder(params, cfg: Config, tokens, cache, position, group_sizes_mode, experts, unroll=False) -> tuple:
+def _decoder(params, cfg: Config, tokens, cache, position, group_sizes_mode, experts, unroll=False,
+             remat=False) -> tuple:
     """(final-normed hidden states [B, S, H], the updated cache (None without one), the experts
     the tokens chose in each MoE layer: int32 [moe_layers, B*S, k]). unroll: every run of layers
-    written out layer by layer instead of a lax.scan (generate's loop at larger batches)."""
+    written out layer by layer instead of a lax.scan (generate's loop at larger batches). remat:
+    each layer under jax.checkpoint (its backward runs its forward again)."""
     check_experts(experts, group_sizes_mode)
     check_params(params, cfg)
     if tokens.ndim != 2 or not jnp.issubdtype(tokens.dtype, jnp.integer):
@@ -102,6 +104,8 @@ def _decoder(params, cfg: Config, tokens, cache, position, group_sizes_mode, exp
             x, view, chosen = _layer(p, cfg, x, cos, sin, view, position, window, group_sizes_mode, experts)
             return (x, None if view is None else {k: v.stack for k, v in view.items()}), chosen
 
+        if remat:
+            body = jax.checkpoint(body)
         carry = (x, None if cache is None else cache[r])
         with jax.named_scope(scope_name(start, n)):
             if n == 1:  # a run of one layer: inline, its params without the layer axis (a bitcast)
@@ -125,9 +129,9 @@ def _logits(params, x: jax.Array) -> jax.Array:
     return dense.linear(x, head, transpose_w=True, preferred_element_type=jnp.float32)
 
 
-@functools.partial(jax.jit, static_argnames=_STATIC)
-def _forward(params, config, tokens, group_sizes_mode, experts):
-    x, _, _ = _decoder(params, config, tokens, None, None, group_sizes_mode, experts)
+@functools.partial(jax.jit, static_argnames=_STATIC + ("remat",))
+def _forward(params, config, tokens, group_sizes_mode, experts, remat):
+    x, _, _ = _decoder(params, config, tokens, None, None, group_sizes_mode, experts, remat=remat)
     return _logits(params, x)
 
 
@@ -237,9 +241,13 @@ def _check_tokens(tokens, config) -> jax.Array:
 
 
 def forward(params, config: Config, tokens, *, group_sizes_mode: Optional[str] = None,
-            experts: str = "te_async") -> jax.Array:
-    """Logits [B, S, V] float32 of a causal pass over tokens [B, S] from position 0, no cache."""
-    return _forward(params, config, _check_tokens(tokens, config), group_sizes_mode, experts)
+            experts: str = "te_async", remat: bool = False) -> jax.Array:
+    """Logits [B, S, V] float32 of a causal pass over tokens [B, S] from position 0, no cache.
+    remat=True runs each decoder layer under jax.checkpoint: differentiated, a layer keeps only its
+    input for the backward, which runs the layer's forward again (training memory for time)."""
+    if not isinstance(remat, bool):
+        raise TypeError(f"remat must be True or False, got {remat!r}")
+    return _forward(params, config, _check_tokens(tokens, config), group_sizes_mode, experts, remat)
 
 
 def prefill(params, config: Config, cache: list, tokens, *, group_sizes_mode: Optional[str] = None,
