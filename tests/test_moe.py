@@ -79,3 +79,13 @@ def test_generate_example_runs():
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().endswith("ok"), out.stdout[-3000:]
     assert "every mode generated the same 6 tokens" in out.stdout and "those transformers generated" in out.stdout
+
+
+def test_train_example_runs():
+    """examples/train.py on the committed tiny DeepSeek-V2 checkpoint: every expert path, with and
+    without remat, starts from the same loss and learns the batch."""
+    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")
+    cmd = [sys.executable, str(ROOT / "examples" / "train.py"), "--steps", "20"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().endswith("ok") and out.stdout.count(" -> ") == 4, out.stdout[-3000:]
