@@ -92,7 +92,8 @@ for stage in $stages; do
       tail -n 5 "$OUT/sanitize_attention.log" ;;
     example)
       run example python3 examples/moe_decode.py --steps 20; tail -n 5 "$OUT/example.log"
-      run example_generate python3 examples/generate.py; tail -n 12 "$OUT/example_generate.log" ;;
+      run example_generate python3 examples/generate.py; tail -n 12 "$OUT/example_generate.log"
+      run example_train python3 examples/train.py; tail -n 7 "$OUT/example_train.log" ;;
     layer) run layer python3 -P -m te_async.bench layer --out "$OUT"; cat "$OUT/layer.md" ;;
     prefill) run prefill python3 -P -m te_async.bench prefill --out "$OUT" ${PREFILL_ARGS:-}; cat "$OUT/prefill.md" ;;
     train) run train python3 -P -m te_async.bench train --out "$OUT" ${TRAIN_ARGS:-}; cat "$OUT/train.md" ;;
