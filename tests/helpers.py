@@ -154,3 +154,17 @@ def moe_params(rng, experts, hidden, ffn):
         w_fc1=jnp.asarray(rng.standard_normal((experts, hidden, 2 * ffn)) / np.sqrt(hidden), jnp.float32),
         w_fc2=jnp.asarray(rng.standard_normal((experts, ffn, hidden)) / np.sqrt(ffn), jnp.float32),
     )
+
+
+def sgd_losses(loss, params, steps: int, lr: float) -> list:
+    """The loss before each of `steps` jitted plain-SGD steps on loss(params)."""
+    @jax.jit
+    def step(p):
+        value, grads = jax.value_and_grad(loss)(p)
+        return value, jax.tree.map(lambda w, g: w - lr * g, p, grads)
+
+    losses = []
+    for _ in range(steps):
+        value, params = step(params)
+        losses.append(float(value))
+    return losses

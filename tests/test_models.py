@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import te_async.models as models
-from helpers import allocated_buffers, row_scatter_adds
+from helpers import allocated_buffers, row_scatter_adds, sgd_losses
 from reference import rel_error
 from te_async.models.mla import softmax_scale
 from te_async.models.moe_layer import moe_block
@@ -259,15 +259,7 @@ def test_mixed_precision_training_learns(name, experts):
         logits = models.forward(jax.tree_util.tree_map_with_path(cast, p), config, tokens[:, :-1], experts=experts)
         return jnp.mean(jax.nn.logsumexp(logits, -1) - jnp.take_along_axis(logits, tokens[:, 1:, None], -1)[..., 0])
 
-    @jax.jit
-    def step(p):
-        value, grads = jax.value_and_grad(loss)(p)
-        return value, jax.tree.map(lambda w, g: w - 0.5 * g, p, grads)
-
-    losses = []
-    for _ in range(30):
-        value, master = step(master)
-        losses.append(float(value))
+    losses = sgd_losses(loss, master, 30, 0.5)
     assert all(np.isfinite(losses)) and losses[0] > 0.8 * math.log(config.vocab_size)
     assert losses[-1] < 0.25 * losses[0], losses
 

@@ -13,7 +13,7 @@ import pytest
 
 import te_async
 
-from helpers import moe_params
+from helpers import moe_params, sgd_losses
 from reference import mlp_reference, rel_error
 from te_async.moe import moe_block, route_top_k
 
@@ -48,15 +48,7 @@ def test_training_loss_falls_over_20_steps(rng, mode):
     def loss(p):
         return jnp.mean((moe_block(x, **p, top_k=top_k, group_sizes_mode=mode) - target) ** 2)
 
-    @jax.jit
-    def step(p):
-        value, grads = jax.value_and_grad(loss)(p)
-        return value, jax.tree_util.tree_map(lambda w, g: w - 2.0 * g, p, grads)
-
-    losses = []
-    for _ in range(20):
-        value, p = step(p)
-        losses.append(float(value))
+    losses = sgd_losses(loss, p, 20, 2.0)
     assert all(np.isfinite(losses))
     assert losses[-1] < 0.6 * losses[0], losses
 
