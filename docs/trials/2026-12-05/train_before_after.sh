@@ -15,7 +15,9 @@ changed="te_async/routing.py te_async/moe.py te_async/mlp.py te_async/dense.py t
   te_async/models/mla.py te_async/models/moe_layer.py te_async/models/norm.py"
 git archive 5457eb1 $changed | tar -x -C "$before"
 args=("$@")
-[ ${#args[@]} -gt 0 ] || args=(--contenders device ragged_dot)
+# Default: device mode at 4 layers, 5 x 3 timed steps: 4 compiles of a 4-layer step (not timed
+# yet on a GPU; budget a few minutes of the 10-minute call).
+[ ${#args[@]} -gt 0 ] || args=(--contenders device --layers 4 --reps 5)
 for run in before after after_again before_again; do
   case $run in before*) path=$before ;; *) path= ;; esac
   echo "== $run"
