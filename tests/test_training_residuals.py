@@ -31,7 +31,7 @@ def _bf16(rng, *shape):
 
 def test_swiglu_mlp_keeps_its_bf16_product_not_float32_activations(rng):
     """A SwiGLU MLP (a shared expert, a dense layer) at training rows: the bf16 gate/up product is
-    kept, no float32 array (te_async.mlp.activate; JAX kept five of the activation's size)."""
+    kept, no float32 array (dense.linear's checkpointed SwiGLU; JAX kept five of its size)."""
     rows, hidden, ffn = 64, 16, 24
     p = {"w_gate_up": _bf16(rng, LAYERS, hidden, 2 * ffn), "w_down": _bf16(rng, LAYERS, ffn, hidden)}
     stacks = _stacks(lambda x, p: (x + swiglu_mlp(p, x), None), _bf16(rng, rows, hidden), p)
