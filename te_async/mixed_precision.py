@@ -19,6 +19,8 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
+from .manual_axes import vary_alike
+
 
 def einsum(spec: str, a: jax.Array, b: jax.Array, *, precision: Optional[jax.lax.Precision] = None) -> jax.Array:
     """jnp.einsum(spec, a, b, precision=precision, preferred_element_type=float32), differentiated
@@ -33,7 +35,7 @@ def einsum(spec: str, a: jax.Array, b: jax.Array, *, precision: Optional[jax.lax
         raise ValueError(f"einsum spec {spec!r}: needs 'a,b->out' over letters, each axis once per operand and "
                          "each operand's axes in the other operand or the output")
     dtype = jnp.result_type(a, b)  # as jnp.einsum promotes
-    return _einsum(a.astype(dtype), b.astype(dtype), (sa, sb, out), precision)
+    return _einsum(*vary_alike(a.astype(dtype), b.astype(dtype)), (sa, sb, out), precision)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))

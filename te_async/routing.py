@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _ffi, plan
+from .manual_axes import vary_alike
 
 ROUTE = "te_async_route"
 KERNELS = ("auto", "te_async", "xla")
@@ -96,7 +97,7 @@ def dispatch_rows(x: jax.Array, dispatch: Dispatch) -> jax.Array:
     through row_of_choice, in float32 in choice order. JAX's own transpose of the gather is a
     scatter-add, which XLA's GPU backend runs with atomic adds in x's dtype: a bf16 gradient was
     rounded after every add, in an order that can change from run to run."""
-    return _gather_rows(x.shape[0], x, dispatch.token_of_row, dispatch.row_of_choice)
+    return _gather_rows(x.shape[0], *vary_alike(x, dispatch.token_of_row, dispatch.row_of_choice))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -121,7 +122,7 @@ def combine(y_rows: jax.Array, dispatch: Dispatch, weights: jax.Array) -> jax.Ar
     float32. Its own gradient: the rows' is a gather through the inverse order (JAX's transpose
     of the unpermutation would scatter into zeros), and it keeps y_rows, not the float32 copy of
     the unpermuted rows that JAX's derivative of the weighted sum keeps (T*k*H*4 bytes a layer)."""
-    return _combine(y_rows, weights, dispatch.row_of_choice, dispatch.choice_of_row)
+    return _combine(*vary_alike(y_rows, weights, dispatch.row_of_choice, dispatch.choice_of_row))
 
 
 @jax.custom_vjp

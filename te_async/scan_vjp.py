@@ -28,6 +28,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.sharding import PartitionSpec
 
+from .manual_axes import varying_axes
+
 
 def _slice(tree, t):
     return jax.tree.map(lambda a: lax.dynamic_index_in_dim(a, t, keepdims=False), tree)
@@ -44,8 +46,8 @@ def _unwritten(shape: tuple, like):
     spec = tuple(like.sharding.spec) + (None,) * (len(like.shape) - len(like.sharding.spec))
     lead = (None,) * (len(shape) - len(like.shape))
     out = lax.empty(shape, like.dtype, out_sharding=like.sharding.update(spec=PartitionSpec(*lead, *spec)))
-    varying = tuple(sorted(like.mat.varying))  # jax >= 0.10's manual axis type
-    return lax.pcast(out, varying, to="varying") if varying else out
+    axes = varying_axes(like)
+    return lax.pcast(out, axes, to="varying") if axes else out
 
 
 def _empty_stacks(n: int, avals):

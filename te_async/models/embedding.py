@@ -11,13 +11,15 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from ..manual_axes import vary_alike
+
 
 def embed(table: jax.Array, tokens: jax.Array) -> jax.Array:
     """table [V, H], integer tokens [...] -> [..., H]; a token outside [0, V) gives a row of NaN
     (te_async.models rejects those before a call where it can see them)."""
     tokens = tokens.astype(jnp.int32)
     valid = (tokens >= 0) & (tokens < table.shape[0])
-    rows = _take_rows(table.shape[0], table, jnp.where(valid, tokens, 0))
+    rows = _take_rows(table.shape[0], *vary_alike(table, jnp.where(valid, tokens, 0)))
     return jnp.where(valid[..., None], rows, jnp.nan)
 
 

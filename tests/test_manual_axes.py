@@ -1,0 +1,65 @@
+"""te_async's custom VJPs inside jax.shard_map with check_vma=True (JAX's default): replicated
+weights times rows sharded over 4 CPU devices; each gradient equals the one-device gradient of the
+whole batch (the replicated weights' summed over the devices by vary_alike's cast)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import AxisType, PartitionSpec as P
+
+from reference import rel_error
+from te_async import dense
+from te_async.manual_axes import vary_alike
+from te_async.models.embedding import embed
+from te_async.routing import combine, dispatch_rows, plan_dispatch
+
+DEVICES = 4
+
+
+def _mesh():
+    if jax.device_count() < DEVICES:
+        pytest.skip(f"needs {DEVICES} devices (the CPU tests make 4)")
+    return jax.make_mesh((DEVICES,), ("d",), axis_types=(AxisType.Auto,), devices=jax.devices()[:DEVICES])
+
+
+def _check_gradients(f, args, specs, argnums):
+    """jax.grad of sum(f) over the devices' shards (summed with psum) against one device's."""
+    local = jax.shard_map(lambda *a: jax.lax.psum(jnp.sum(f(*a).astype(jnp.float32)), "d"), mesh=_mesh(),
+                          in_specs=specs, out_specs=P())
+    whole = lambda *a: jnp.sum(f(*a).astype(jnp.float32))
+    got = jax.jit(jax.grad(local, argnums=argnums))(*args)
+    want = jax.jit(jax.grad(whole, argnums=argnums))(*args)
+    for ours, ref in zip(got, want):
+        assert float(jnp.max(jnp.abs(ref))) > 0 and rel_error(ours, ref) < 1e-5
+
+
+@pytest.mark.parametrize("kw", [{}, {"transpose_w": True}, {"swiglu_input": True}])
+def test_dense_linear(rng, kw):
+    x = jnp.asarray(rng.standard_normal((8, 5, 32 if kw.get("swiglu_input") else 16)), jnp.float32)
+    w = jnp.asarray(rng.standard_normal((12, 16) if kw.get("transpose_w") else (16, 12)), jnp.float32)
+    _check_gradients(lambda x, w: jnp.tanh(dense.linear(x, w, **kw)), (x, w), (P("d"), P()), (0, 1))
+
+
+def test_embedding(rng):
+    table = jnp.asarray(rng.standard_normal((50, 8)), jnp.float32)
+    tokens = jnp.asarray(rng.integers(0, 50, (8, 6)), jnp.int32)
+    _check_gradients(lambda t, i: jnp.tanh(embed(t, i)), (table, tokens), (P(), P("d")), (0,))
+
+
+def test_dispatch_and_combine(rng):
+    tokens, experts, top_k, hidden = 16, 6, 2, 8
+    x = jnp.asarray(rng.standard_normal((tokens, hidden)), jnp.float32)
+    chosen = jnp.asarray(np.stack([rng.permutation(experts)[:top_k] for _ in range(tokens)]), jnp.int32)
+    scale = jnp.asarray(rng.random(top_k), jnp.float32)  # replicated: a weight every token's choices share
+
+    def block(x, chosen, scale):
+        d = plan_dispatch(chosen, experts)
+        return combine(jnp.tanh(dispatch_rows(x, d)), d, jnp.broadcast_to(scale, chosen.shape))
+
+    _check_gradients(block, (x, chosen, scale), (P("d"), P("d"), P()), (0, 2))
+
+
+def test_vary_alike_leaves_arrays_alone_outside_shard_map():
+    a, b = jnp.ones(3), jnp.zeros((2,), jnp.int32)
+    assert all(x is y for x, y in zip(vary_alike(a, b), (a, b)))
