@@ -18,6 +18,6 @@ def varying_axes(aval) -> tuple:
 
 def vary_alike(*arrays) -> tuple:
     """The arrays, each cast to vary over every manual axis any of them varies over."""
-    axes = set().union(*(varying_axes(jax.typeof(a)) for a in arrays))
-    return tuple(a if axes <= set(varying_axes(jax.typeof(a))) else
-                 lax.pcast(a, tuple(sorted(axes - set(varying_axes(jax.typeof(a))))), to="varying") for a in arrays)
+    have = [set(varying_axes(jax.typeof(a))) for a in arrays]
+    axes = set().union(*have)
+    return tuple(a if h == axes else lax.pcast(a, tuple(sorted(axes - h)), to="varying") for a, h in zip(arrays, have))

@@ -16,6 +16,12 @@ def tree_bytes(tree) -> int:
     return sum(int(np.prod(s.shape)) * jnp.dtype(s.dtype).itemsize for s in jax.tree_util.tree_leaves(tree))
 
 
+def _check_positive(**counts) -> None:
+    for name, value in counts.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
 def decode_bytes(config, batch: int, context_len: int, active_experts: Union[float, Sequence[float]], *,
                  dtype=jnp.bfloat16, cache_dtype=None) -> Union[int, float]:
     """Bytes a decode step of `batch` tokens must read at context length `context_len` (the cached
@@ -27,9 +33,7 @@ def decode_bytes(config, batch: int, context_len: int, active_experts: Union[flo
     embedding row per token, the final norm and the LM head. Weights in `dtype`, routers in float32
     (params.py). A step as decode_step runs it reads the whole max_len cache, masked: this is the floor.
     """
-    for name, value in (("batch", batch), ("context_len", context_len)):
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    _check_positive(batch=batch, context_len=context_len)
     shapes = param_shapes(config, dtype)
     runs = layer_runs(config)
     n_moe = sum(n for (_, n), run in zip(runs, shapes["layers"]) if "moe" in run)
@@ -62,9 +66,7 @@ def train_flops(config, batch: int, seq: int) -> int:
     experts and its top_k routed experts, the LM head; the embedding is a lookup) and of causal
     attention's scores and values (a query at position i sees min(i + 1, window) keys). Norms,
     activations, softmax and the routing's sort are not counted, nor recomputation."""
-    for name, value in (("batch", batch), ("seq", seq)):
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    _check_positive(batch=batch, seq=seq)
     c = config
     shapes = param_shapes(c, jnp.float32)
     if c.is_mla:
