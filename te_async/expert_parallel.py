@@ -172,7 +172,8 @@ def moe_block_ep(
         return combine(y_rows, dispatch, routing.weights)
 
     specs = (P(axis_name), P(), P(axis_name), P(axis_name), P())
-    # check_vma=False: FFI results carry no varying-axes type, which grouped_mlp's custom_vjp
-    # backward would reject when it meets the varying cotangents.
+    # check_vma=False as measured on the GPU. te_async's calls also run under the varying-axes
+    # check now (manual_axes.vary_alike; this block passes its CPU tests with it), but the GPU's
+    # ragged_all_to_all path has not run with it.
     sharded = jax.shard_map(body, mesh=mesh, in_specs=specs, out_specs=P(axis_name), check_vma=False)
     return sharded(x, router, w_fc1, w_fc2, norm_scale)

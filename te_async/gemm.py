@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from . import _ffi, plan
+from .manual_axes import vary_alike
 from .sharding import require_replicated
 from .group_sizes import (HostGroupSizes, async_handle, check_group_sizes, host_sizes_operand, keep_group_sizes,
                           resolve_group_sizes_mode, reuse_group_sizes)
@@ -71,20 +72,22 @@ def grouped_gemm_call(lhs, rhs, group_sizes, out_type, shape: plan.GemmShape, mo
                       host_group_sizes: Optional[HostGroupSizes] = None) -> jax.Array:
     """The FFI call of a checked grouped GEMM in a resolved mode."""
     form = dict(ragged_k=shape.ragged_k, transpose_rhs=shape.transpose_rhs)
+    typed = lambda out: vary_alike(out, lhs)[0]  # an FFI result varies as its operands (inside shard_map)
     if mode == "device":
+        lhs, rhs, group_sizes = vary_alike(lhs, rhs, group_sizes)
         device_plan = plan.plan_device_gemm(shape)
         logger.debug("grouped_gemm device mode: %s %s", device_plan.label, shape)
         workspace = jax.ShapeDtypeStruct((device_plan.workspace_bytes,), jnp.uint8)
         call = jax.ffi.ffi_call(_ffi.GROUPED_GEMM_DEVICE, (out_type, workspace), vmap_method="sequential")
         call = functools.partial(call, kernel=device_plan.kernel, cutlass_config=device_plan.config, **form)
         out, _ = require_replicated(call, "te_async.grouped_gemm", OPERANDS)(lhs, rhs, group_sizes)
-        return out
-    sizes = host_sizes_operand(group_sizes, mode, host_group_sizes)
+        return typed(out)
+    lhs, rhs, sizes = vary_alike(lhs, rhs, host_sizes_operand(group_sizes, mode, host_group_sizes))
     repair_flag = jax.ShapeDtypeStruct((1,), jnp.int32)  # device scratch of the GPU's check of pinned sizes
     call = jax.ffi.ffi_call(_ffi.GROUPED_GEMM, (out_type, repair_flag), vmap_method="sequential")
     call = functools.partial(call, async_host_sizes=mode == "async", **form)
     out, _ = require_replicated(call, "te_async.grouped_gemm", OPERANDS)(lhs, rhs, sizes)
-    return out
+    return typed(out)
 
 
 class _Call(NamedTuple):
@@ -184,4 +187,5 @@ def grouped_gemm(
     shape = gemm_shape(lhs, group_sizes, out_type, ragged, transpose_rhs)
     mode = resolve_group_sizes_mode(group_sizes_mode, use_async_d2h_group_sizes, host_group_sizes,
                                     lambda: plan.device_mode_is_fast([shape]))
+    lhs, rhs = vary_alike(lhs, rhs, group_sizes)[:2]  # each gradient typed as its operand (inside shard_map)
     return _differentiable(_Call(shape, out_type.shape, mode), lhs, rhs, group_sizes, host_group_sizes)

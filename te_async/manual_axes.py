@@ -17,7 +17,9 @@ def varying_axes(aval) -> tuple:
 
 
 def vary_alike(*arrays) -> tuple:
-    """The arrays, each cast to vary over every manual axis any of them varies over."""
-    have = [set(varying_axes(jax.typeof(a))) for a in arrays]
+    """The arrays, each cast to vary over every manual axis any of them varies over (a None, an
+    absent optional operand, stays None)."""
+    have = [set() if a is None else set(varying_axes(jax.typeof(a))) for a in arrays]
     axes = set().union(*have)
-    return tuple(a if h == axes else lax.pcast(a, tuple(sorted(axes - h)), to="varying") for a, h in zip(arrays, have))
+    return tuple(a if a is None or h == axes else lax.pcast(a, tuple(sorted(axes - h)), to="varying")
+                 for a, h in zip(arrays, have))

@@ -40,6 +40,7 @@ from . import plan
 from .gemm import grouped_gemm, outside_slice_fusion, vjp_shapes
 from .group_sizes import (HostGroupSizes, async_handle, check_group_sizes, keep_group_sizes, resolve_group_sizes_mode,
                           reuse_group_sizes)
+from .manual_axes import vary_alike
 from .sharding import check_unsharded
 
 logger = logging.getLogger("te_async")
@@ -200,4 +201,5 @@ def grouped_mlp(
                             rows=x.shape[0], w_fc1=w_fc1, w_fc2=w_fc2)
     logger.debug("grouped_mlp: group_sizes_mode=%s G=%d M=%d", mode, group_sizes.shape[0], x.shape[0])
     cfg = _Config(norm, float(eps), activation, mode)
+    x, w_fc1, w_fc2, norm_scale, norm_bias = vary_alike(x, w_fc1, w_fc2, norm_scale, norm_bias)  # gradients typed as operands
     return _grouped_mlp(cfg, x, group_sizes, w_fc1, w_fc2, norm_scale, norm_bias, host_group_sizes)

@@ -1,6 +1,6 @@
-"""te_async's custom VJPs inside jax.shard_map with check_vma=True (JAX's default): replicated
-weights times rows sharded over 4 CPU devices; each gradient equals the one-device gradient of the
-whole batch (the replicated weights' summed over the devices by vary_alike's cast)."""
+"""te_async's custom VJPs and FFI calls inside jax.shard_map with check_vma=True (JAX's default):
+replicated weights times rows sharded over 4 CPU devices; each gradient equals the one-device
+gradient of the whole batch (the replicated weights' summed over the devices by vary_alike's cast)."""
 
 import jax
 import jax.numpy as jnp
@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from jax.sharding import AxisType, PartitionSpec as P
 
+import te_async
 from reference import rel_error
 from te_async import dense
 from te_async.manual_axes import vary_alike
@@ -58,6 +59,24 @@ def test_dispatch_and_combine(rng):
         return combine(jnp.tanh(dispatch_rows(x, d)), d, jnp.broadcast_to(scale, chosen.shape))
 
     _check_gradients(block, (x, chosen, scale), (P("d"), P("d"), P()), (0, 2))
+
+
+@pytest.mark.parametrize("mode", te_async.GROUP_SIZES_MODES)
+def test_grouped_mlp_and_grouped_gemm(rng, mode):
+    """Each device routes its own rows (group sizes sharded with them) through replicated experts."""
+    rows, experts, hidden, ffn = 12, 3, 16, 4
+    x = jnp.asarray(rng.standard_normal((DEVICES * rows, hidden)), jnp.float32)
+    sizes = jnp.asarray([[5, 4, 3], [0, 12, 0], [6, 0, 5], [1, 1, 1]], jnp.int32)
+    w1 = jnp.asarray(rng.standard_normal((experts, hidden, 2 * ffn)) / 4, jnp.float32)
+    w2 = jnp.asarray(rng.standard_normal((experts, ffn, hidden)) / 4, jnp.float32)
+
+    def per_device(x, sizes, w1, w2):  # one device's rows: on the whole batch, a loop over the 4
+        mlp = lambda x, s: te_async.grouped_mlp(x, s, w1, w2, group_sizes_mode=mode)
+        wgrad = lambda x, s: te_async.grouped_gemm(x, x, s, ragged="k", group_sizes_mode=mode).sum(0)[:1]
+        return jnp.concatenate([jnp.concatenate([mlp(xs, s), wgrad(xs, s)]) for xs, s in
+                                zip(jnp.split(x, sizes.shape[0]), sizes)])
+
+    _check_gradients(per_device, (x, sizes, w1, w2), (P("d"), P("d"), P(), P()), (0, 2, 3))
 
 
 def test_vary_alike_leaves_arrays_alone_outside_shard_map():

@@ -282,11 +282,12 @@ def test_remat_keeps_each_layers_input_alone(name):
         models.forward(params, config, tokens, remat="layer")
 
 
-def test_data_parallel_training_gradient_is_the_single_device_one():
+@pytest.mark.parametrize("check_vma", [True, False])
+def test_data_parallel_training_gradient_is_the_single_device_one(check_vma):
     """Data-parallel training: the batch split over 4 devices by jax.shard_map (the params
-    replicated; check_vma=False, as te_async's FFI results carry no varying-axes type), the loss
-    averaged with pmean: the gradient of every parameter is the one-device gradient of the whole
-    batch (te_async.scan, the custom VJPs and the grouped GEMMs run on each device's shard)."""
+    replicated; with and without its varying-axes check), the loss averaged with pmean: the gradient
+    of every parameter is the one-device gradient of the whole batch (te_async.scan, the custom VJPs
+    and the grouped GEMMs run on each device's shard)."""
     from jax.sharding import AxisType, PartitionSpec as P
 
     if jax.device_count() < 4:
@@ -296,7 +297,7 @@ def test_data_parallel_training_gradient_is_the_single_device_one():
     loss = lambda p, t: jnp.mean(jnp.tanh(models.forward(p, config, t)))
     mesh = jax.make_mesh((4,), ("data",), axis_types=(AxisType.Auto,), devices=jax.devices()[:4])
     parallel = jax.shard_map(lambda p, t: jax.lax.pmean(loss(p, t), "data"), mesh=mesh, in_specs=(P(), P("data")),
-                             out_specs=P(), check_vma=False)
+                             out_specs=P(), check_vma=check_vma)
     got, want = jax.jit(jax.grad(parallel))(params, tokens), jax.jit(jax.grad(loss))(params, tokens)
     for (path, ours), ref in zip(jax.tree_util.tree_leaves_with_path(got), jax.tree.leaves(want)):
         assert float(jnp.max(jnp.abs(ref))) > 0 and rel_error(ours, ref) < 1e-5, path
