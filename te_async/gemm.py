@@ -72,7 +72,7 @@ def grouped_gemm_call(lhs, rhs, group_sizes, out_type, shape: plan.GemmShape, mo
                       host_group_sizes: Optional[HostGroupSizes] = None) -> jax.Array:
     """The FFI call of a checked grouped GEMM in a resolved mode."""
     form = dict(ragged_k=shape.ragged_k, transpose_rhs=shape.transpose_rhs)
-    typed = lambda out: vary_alike(out, lhs)[0]  # an FFI result varies as its operands (inside shard_map)
+    # Inside shard_map the operands vary alike, and so does the FFI result (vary_alike(out, lhs)).
     if mode == "device":
         lhs, rhs, group_sizes = vary_alike(lhs, rhs, group_sizes)
         device_plan = plan.plan_device_gemm(shape)
@@ -81,13 +81,13 @@ def grouped_gemm_call(lhs, rhs, group_sizes, out_type, shape: plan.GemmShape, mo
         call = jax.ffi.ffi_call(_ffi.GROUPED_GEMM_DEVICE, (out_type, workspace), vmap_method="sequential")
         call = functools.partial(call, kernel=device_plan.kernel, cutlass_config=device_plan.config, **form)
         out, _ = require_replicated(call, "te_async.grouped_gemm", OPERANDS)(lhs, rhs, group_sizes)
-        return typed(out)
+        return vary_alike(out, lhs)[0]
     lhs, rhs, sizes = vary_alike(lhs, rhs, host_sizes_operand(group_sizes, mode, host_group_sizes))
     repair_flag = jax.ShapeDtypeStruct((1,), jnp.int32)  # device scratch of the GPU's check of pinned sizes
     call = jax.ffi.ffi_call(_ffi.GROUPED_GEMM, (out_type, repair_flag), vmap_method="sequential")
     call = functools.partial(call, async_host_sizes=mode == "async", **form)
     out, _ = require_replicated(call, "te_async.grouped_gemm", OPERANDS)(lhs, rhs, sizes)
-    return typed(out)
+    return vary_alike(out, lhs)[0]
 
 
 class _Call(NamedTuple):
