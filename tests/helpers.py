@@ -168,3 +168,13 @@ def sgd_losses(loss, params, steps: int, lr: float) -> list:
         value, params = step(params)
         losses.append(float(value))
     return losses
+
+
+def random_top_k(rng, tokens: int, experts: int, top_k: int) -> jax.Array:
+    """int32 [tokens, top_k]: distinct random experts per token, as a top-k routing chooses them."""
+    return jnp.asarray(np.stack([rng.permutation(experts)[:top_k] for _ in range(tokens)]), jnp.int32)
+
+
+def bf16_bits(values: np.ndarray) -> np.ndarray:
+    """The uint16 bit patterns of `values` rounded once to bfloat16 (through float32)."""
+    return np.asarray(jnp.asarray(values.astype(np.float32), jnp.bfloat16).view(jnp.uint16))

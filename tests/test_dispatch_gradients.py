@@ -9,25 +9,21 @@ import numpy as np
 import pytest
 
 import te_async
-from helpers import allocated_buffers, moe_params, row_scatter_adds
+from helpers import allocated_buffers, bf16_bits, moe_params, random_top_k, row_scatter_adds
 from reference import rel_error
 from te_async.moe import moe_block
 from te_async.routing import combine, dispatch_rows, plan_dispatch
 
+
 def _dispatch(rng, tokens, experts, top_k):
     """A plan of distinct random experts per token (as top-k gives), with empty experts."""
-    chosen = np.stack([rng.permutation(experts)[:top_k] for _ in range(tokens)]).astype(np.int32)
-    return plan_dispatch(jnp.asarray(chosen), experts), chosen
-
-
-def _to_bf16_bits(values: np.ndarray) -> np.ndarray:
-    return np.asarray(jnp.asarray(values.astype(np.float32), jnp.bfloat16).view(jnp.uint16))
+    return plan_dispatch(random_top_k(rng, tokens, experts, top_k), experts)
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 @pytest.mark.parametrize("tokens, experts, top_k, hidden", [(37, 5, 3, 24), (1, 4, 4, 8), (64, 64, 6, 40)])
 def test_dispatch_rows_gradient_sums_each_tokens_rows(rng, dtype, tokens, experts, top_k, hidden):
-    dispatch, _ = _dispatch(rng, tokens, experts, top_k)
+    dispatch = _dispatch(rng, tokens, experts, top_k)
     x = jnp.asarray(rng.standard_normal((tokens, hidden)), dtype)
     g = jnp.asarray(rng.standard_normal((tokens * top_k, hidden)), dtype)
     rows, pullback = jax.vjp(lambda x: dispatch_rows(x, dispatch), x)
@@ -37,7 +33,7 @@ def test_dispatch_rows_gradient_sums_each_tokens_rows(rng, dtype, tokens, expert
     ref = np.zeros((tokens, hidden))
     np.add.at(ref, np.asarray(dispatch.token_of_row), np.asarray(g, np.float64))
     if dtype == jnp.bfloat16:  # summed in float32 (exact for these few bf16 values), rounded once
-        np.testing.assert_array_equal(np.asarray(dx.view(jnp.uint16)), _to_bf16_bits(ref))
+        np.testing.assert_array_equal(np.asarray(dx.view(jnp.uint16)), bf16_bits(ref))
     else:
         np.testing.assert_allclose(np.asarray(dx), ref, rtol=1e-6, atol=1e-6)
 
@@ -53,7 +49,7 @@ def test_dispatch_rows_gradient_rounds_once():
 
 def test_combine_gradients_match_float64(rng):
     tokens, experts, top_k, hidden = 29, 7, 3, 20
-    dispatch, _ = _dispatch(rng, tokens, experts, top_k)
+    dispatch = _dispatch(rng, tokens, experts, top_k)
     y_rows = jnp.asarray(rng.standard_normal((tokens * top_k, hidden)), jnp.float32)
     weights = jnp.asarray(rng.random((tokens, top_k)), jnp.float32)
     c = jnp.asarray(rng.standard_normal((tokens, hidden)), jnp.float32)
@@ -102,7 +98,7 @@ def test_combine_keeps_the_rows_not_a_float32_copy(rng):
     the float32 [L, T, k, H] copy of the unpermuted rows that JAX's derivative of the weighted sum
     keeps (twice the bytes, and a conversion pass)."""
     layers, tokens, experts, top_k, hidden = 3, 16, 4, 2, 8
-    dispatch, _ = _dispatch(rng, tokens, experts, top_k)
+    dispatch = _dispatch(rng, tokens, experts, top_k)
     weights = jnp.asarray(rng.random((layers, tokens, top_k)), jnp.float32)
     x = jnp.asarray(rng.standard_normal((tokens, hidden)), jnp.bfloat16)
     step = lambda c, w: (combine(jnp.tanh(dispatch_rows(c, dispatch)), dispatch, w), None)

@@ -7,12 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from helpers import row_scatter_adds
+from helpers import bf16_bits, row_scatter_adds
 from te_async.models.embedding import embed
-
-
-def _bf16_bits(values: np.ndarray) -> np.ndarray:
-    return np.asarray(jnp.asarray(values.astype(np.float32), jnp.bfloat16).view(jnp.uint16))
 
 
 def test_lookup_and_tokens_outside_the_vocabulary(rng):
@@ -34,7 +30,7 @@ def test_gradient_sums_each_tokens_rows(rng, dtype, vocab, shape):
     ref = np.zeros((vocab, 6))
     np.add.at(ref, np.asarray(tokens).reshape(-1), np.asarray(g, np.float64).reshape(-1, 6))
     if dtype == jnp.bfloat16:  # float32 sums of these bf16 values are exact; one rounding to bf16
-        np.testing.assert_array_equal(np.asarray(d_table.view(jnp.uint16)), _bf16_bits(ref))
+        np.testing.assert_array_equal(np.asarray(d_table.view(jnp.uint16)), bf16_bits(ref))
     else:
         np.testing.assert_allclose(np.asarray(d_table), ref, rtol=1e-6, atol=1e-6)
 

@@ -4,11 +4,11 @@ gradient of the whole batch (the replicated weights' summed over the devices by 
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 from jax.sharding import AxisType, PartitionSpec as P
 
 import te_async
+from helpers import random_top_k
 from reference import rel_error
 from te_async import dense
 from te_async.manual_axes import vary_alike
@@ -51,7 +51,7 @@ def test_embedding(rng):
 def test_dispatch_and_combine(rng):
     tokens, experts, top_k, hidden = 16, 6, 2, 8
     x = jnp.asarray(rng.standard_normal((tokens, hidden)), jnp.float32)
-    chosen = jnp.asarray(np.stack([rng.permutation(experts)[:top_k] for _ in range(tokens)]), jnp.int32)
+    chosen = random_top_k(rng, tokens, experts, top_k)
     scale = jnp.asarray(rng.random(top_k), jnp.float32)  # replicated: a weight every token's choices share
 
     def block(x, chosen, scale):
