@@ -97,6 +97,9 @@ def dispatch_rows(x: jax.Array, dispatch: Dispatch) -> jax.Array:
     through row_of_choice, in float32 in choice order. JAX's own transpose of the gather is a
     scatter-add, which XLA's GPU backend runs with atomic adds in x's dtype: a bf16 gradient was
     rounded after every add, in an order that can change from run to run."""
+    n = dispatch.row_of_choice.shape[0]
+    if x.ndim != 2 or x.shape[0] == 0 or n % x.shape[0]:
+        raise ValueError(f"dispatch_rows needs x [T, H] for a dispatch of T*k = {n} rows, got x {x.shape}")
     return _gather_rows(x.shape[0], *vary_alike(x, dispatch.token_of_row, dispatch.row_of_choice))
 
 
@@ -122,6 +125,10 @@ def combine(y_rows: jax.Array, dispatch: Dispatch, weights: jax.Array) -> jax.Ar
     float32. Its own gradient: the rows' is a gather through the inverse order (JAX's transpose
     of the unpermutation would scatter into zeros), and it keeps y_rows, not the float32 copy of
     the unpermuted rows that JAX's derivative of the weighted sum keeps (T*k*H*4 bytes a layer)."""
+    n = dispatch.row_of_choice.shape[0]
+    if weights.ndim != 2 or weights.size != n or y_rows.ndim != 2 or y_rows.shape[0] != n:
+        raise ValueError(f"combine needs y_rows [T*k, H] and weights [T, k] for a dispatch of T*k = {n} rows, got "
+                         f"y_rows {y_rows.shape} and weights {weights.shape}")
     return _combine(*vary_alike(y_rows, weights, dispatch.row_of_choice, dispatch.choice_of_row))
 
 

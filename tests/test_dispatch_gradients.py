@@ -107,3 +107,13 @@ def test_combine_keeps_the_rows_not_a_float32_copy(rng):
     stacked = allocated_buffers(lowered)
     assert f"{layers}x{tokens * top_k}x{hidden}xbf16" in stacked
     assert not [s for s in stacked if s.endswith("f32") and s != f"{layers}x{tokens}x{top_k}xf32"]
+
+
+def test_shapes_that_do_not_fit_the_dispatch_are_refused(rng):
+    dispatch = _dispatch(rng, 6, 4, 2)  # 12 rows
+    with pytest.raises(ValueError, match=r"dispatch_rows needs x \[T, H\] for a dispatch of T\*k = 12 rows"):
+        dispatch_rows(jnp.ones((5, 8)), dispatch)
+    with pytest.raises(ValueError, match=r"combine needs y_rows \[T\*k, H\] and weights \[T, k\]"):
+        combine(jnp.ones((12, 8)), dispatch, jnp.ones((6, 3)))
+    with pytest.raises(ValueError, match="combine needs"):
+        combine(jnp.ones((11, 8)), dispatch, jnp.ones((6, 2)))

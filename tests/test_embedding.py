@@ -50,3 +50,10 @@ def test_gradient_scatter_sets_rows_never_adds(rng):
     loss = lambda t: jnp.sum(embed(t, tokens).astype(jnp.float32) ** 2)
     lowered = jax.jit(jax.grad(loss)).trace(table).lower(lowering_platforms=("cuda",)).as_text()
     assert not row_scatter_adds(lowered, 8)
+
+
+def test_a_table_that_is_no_matrix_and_float_tokens_are_refused():
+    with pytest.raises(ValueError, match=r"embed needs a table \[V, H\] and integer tokens"):
+        embed(jnp.ones((4, 3, 2)), jnp.zeros((2,), jnp.int32))
+    with pytest.raises(ValueError, match="integer tokens, got table \\(4, 3\\) and tokens float32"):
+        embed(jnp.ones((4, 3)), jnp.zeros((2,), jnp.float32))

@@ -17,6 +17,9 @@ from ..manual_axes import vary_alike
 def embed(table: jax.Array, tokens: jax.Array) -> jax.Array:
     """table [V, H], integer tokens [...] -> [..., H]; a token outside [0, V) gives a row of NaN
     (te_async.models rejects those before a call where it can see them)."""
+    if table.ndim != 2 or not jnp.issubdtype(tokens.dtype, jnp.integer):
+        raise ValueError(f"embed needs a table [V, H] and integer tokens, got table {table.shape} and tokens "
+                         f"{tokens.dtype}")
     tokens = tokens.astype(jnp.int32)
     valid = (tokens >= 0) & (tokens < table.shape[0])
     rows = _take_rows(table.shape[0], *vary_alike(table, jnp.where(valid, tokens, 0)))
