@@ -37,6 +37,17 @@ def allocated_buffers(stablehlo: str) -> list:
     return re.findall(r"custom_call @AllocateBuffer\(\) : \(\) -> tensor<([0-9x]+\w+)>", stablehlo)
 
 
+def four_device_mesh(axis: str, axis_type=None):
+    """A 1-D mesh over the first 4 devices (the CPU tests make 4 host devices), or a skip where
+    fewer are present (a one-GPU machine)."""
+    import pytest
+    from jax.sharding import AxisType
+
+    if jax.device_count() < 4:
+        pytest.skip("needs 4 devices (the CPU tests make 4)")
+    return jax.make_mesh((4,), (axis,), axis_types=(axis_type or AxisType.Auto,), devices=jax.devices()[:4])
+
+
 def gpu_available() -> bool:
     """te_async's CUDA extension is built and JAX sees a GPU: what tests marked `gpu` need."""
     import te_async

@@ -119,6 +119,11 @@ def test_unknown_mode_or_gemm_is_refused_before_any_work(tmp_path, capsys, argv,
     assert not list(tmp_path.iterdir())
 
 
+# Contenders against the first, bf16: XLA's CPU dots keep float32 where a GPU's kernels round to
+# bf16 at other points (an H200 gave 4e-3 on the gradients, 2.4e-6 on the loss).
+LOSS_TOL, GRAD_TOL = (1e-6, 1e-5) if jax.default_backend() == "cpu" else (1e-4, 2e-2)
+
+
 def test_train_bench_runs_each_contender_under_each_scan(tmp_path):
     """bench train --scan lax te_async: every contender under both scans in one run, the reference
     once (under the first), and both scans' gradients the reference's."""
@@ -131,7 +136,7 @@ def test_train_bench_runs_each_contender_under_each_scan(tmp_path):
         assert [(r["scan"], r["contender"]) for r in rows] == [("lax", train.REFERENCE), ("lax", "device"),
                                                                ("te_async", "device")]
         for r in rows[1:]:
-            assert "error" not in r and r["rel_error_vs_ragged_dot"] < 1e-4 and r["slope_ms"] is not None
+            assert "error" not in r and r["rel_error_vs_ragged_dot"] < GRAD_TOL and r["slope_ms"] is not None
     assert "| device, te_async.scan |" in (tmp_path / "train.md").read_text()
 
 
@@ -166,7 +171,7 @@ def test_train_model_bench_runs_checks_and_slopes(tmp_path):
         flops = models.train_flops(presets.config("tiny", num_hidden_layers=r["layers"]), 2, 16)
         assert r["model_flops"] == flops and r["tflops"] == pytest.approx(flops / r["median_ms"] * 1e-9)
     for r in rows[1::2]:
-        assert r["loss_rel_error"] < 1e-6 and r["grad_rel_error"] < 1e-5
+        assert r["loss_rel_error"] < LOSS_TOL and r["grad_rel_error"] < GRAD_TOL
     assert set(result["slopes"]) == {"device", "ragged_dot"}
     profiled = [r for r in rows if "idle_fraction" in r]  # the deepest model's, one profiled step each
     assert [r["layers"] for r in profiled] == [2, 2] and (jax.default_backend() == "gpu") == all(

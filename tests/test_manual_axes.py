@@ -5,23 +5,19 @@ gradient of the whole batch (the replicated weights' summed over the devices by 
 import jax
 import jax.numpy as jnp
 import pytest
-from jax.sharding import AxisType, PartitionSpec as P
+from jax.sharding import PartitionSpec as P
 
 import te_async
-from helpers import random_top_k
+from helpers import four_device_mesh, random_top_k
 from reference import rel_error
 from te_async import dense
 from te_async.manual_axes import vary_alike
 from te_async.models.embedding import embed
 from te_async.routing import combine, dispatch_rows, plan_dispatch
 
-DEVICES = 4
-
 
 def _mesh():
-    if jax.device_count() < DEVICES:
-        pytest.skip(f"needs {DEVICES} devices (the CPU tests make 4)")
-    return jax.make_mesh((DEVICES,), ("d",), axis_types=(AxisType.Auto,), devices=jax.devices()[:DEVICES])
+    return four_device_mesh("d")
 
 
 def _check_gradients(f, args, specs, argnums):
@@ -65,7 +61,7 @@ def test_dispatch_and_combine(rng):
 def test_grouped_mlp_and_grouped_gemm(rng, mode):
     """Each device routes its own rows (group sizes sharded with them) through replicated experts."""
     rows, experts, hidden, ffn = 12, 3, 16, 4
-    x = jnp.asarray(rng.standard_normal((DEVICES * rows, hidden)), jnp.float32)
+    x = jnp.asarray(rng.standard_normal((4 * rows, hidden)), jnp.float32)
     sizes = jnp.asarray([[5, 4, 3], [0, 12, 0], [6, 0, 5], [1, 1, 1]], jnp.int32)
     w1 = jnp.asarray(rng.standard_normal((experts, hidden, 2 * ffn)) / 4, jnp.float32)
     w2 = jnp.asarray(rng.standard_normal((experts, ffn, hidden)) / 4, jnp.float32)

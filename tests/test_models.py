@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import te_async.models as models
-from helpers import allocated_buffers, row_scatter_adds, sgd_losses
+from helpers import allocated_buffers, four_device_mesh, row_scatter_adds, sgd_losses
 from reference import rel_error
 from te_async.models.mla import softmax_scale
 from te_async.models.moe_layer import moe_block
@@ -288,14 +288,12 @@ def test_data_parallel_training_gradient_is_the_single_device_one(check_vma):
     replicated; with and without its varying-axes check), the loss averaged with pmean: the gradient
     of every parameter is the one-device gradient of the whole batch (te_async.scan, the custom VJPs
     and the grouped GEMMs run on each device's shard)."""
-    from jax.sharding import AxisType, PartitionSpec as P
+    from jax.sharding import PartitionSpec as P
 
-    if jax.device_count() < 4:
-        pytest.skip("needs 4 devices (the CPU tests make 4)")
     config, params, _, _ = make_model("deepseek_v2_scan")
     tokens = jnp.asarray(np.random.default_rng(3).integers(0, config.vocab_size, (4, TOTAL)), jnp.int32)
     loss = lambda p, t: jnp.mean(jnp.tanh(models.forward(p, config, t)))
-    mesh = jax.make_mesh((4,), ("data",), axis_types=(AxisType.Auto,), devices=jax.devices()[:4])
+    mesh = four_device_mesh("data")
     parallel = jax.shard_map(lambda p, t: jax.lax.pmean(loss(p, t), "data"), mesh=mesh, in_specs=(P(), P("data")),
                              out_specs=P(), check_vma=check_vma)
     got, want = jax.jit(jax.grad(parallel))(params, tokens), jax.jit(jax.grad(loss))(params, tokens)

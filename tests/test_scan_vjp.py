@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import te_async
-from helpers import allocated_buffers, mlp_layer_stack
+from helpers import allocated_buffers, four_device_mesh, mlp_layer_stack
 from reference import rel_error
 
 
@@ -134,7 +134,7 @@ def test_sharded_stacks(rng, setting):
         c, ys = scan(step, x, w)
         return jnp.sum(c**2) + jnp.sum(ys)
 
-    mesh = jax.make_mesh((4,), ("e",), axis_types=(AxisType.Explicit if setting == "explicit" else AxisType.Auto,))
+    mesh = four_device_mesh("e", AxisType.Explicit if setting == "explicit" else AxisType.Auto)
     got = {}
     for name, grad in _gradients(loss, argnums=(1, 2)).items():
         if setting == "shard_map":  # the gradient per device: an expert slice of w, all of shared's
