@@ -56,10 +56,9 @@ def train_step(config, contender: str, remat: bool = False):
     """The jitted step (params, tokens [B, S + 1]) -> (loss, grads): next-token cross-entropy of
     te_async.models.forward over tokens[:, :-1]."""
     experts, mode = ("ragged_dot", None) if contender == "ragged_dot" else ("te_async", contender)
-    remat_arg = {"remat": True} if remat else {}  # passed only when asked: the trials' "before" forward has none
 
     def loss(params, tokens):
-        logits = models.forward(params, config, tokens[:, :-1], group_sizes_mode=mode, experts=experts, **remat_arg)
+        logits = models.forward(params, config, tokens[:, :-1], group_sizes_mode=mode, experts=experts, remat=remat)
         picked = jnp.take_along_axis(logits, tokens[:, 1:, None], axis=-1)[..., 0]
         return jnp.mean(jax.nn.logsumexp(logits, axis=-1) - picked)
 
