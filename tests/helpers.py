@@ -1,13 +1,12 @@
 """Shared test helpers: tolerances, random operands, device placement. The float64 references
 are in reference.py; tests import both as top-level modules (pytest puts tests/ on sys.path)."""
 
-import re
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from reference import SIZE_KINDS, random_group_sizes
+from te_async.bench.lowered import allocated_buffers, row_scatter_adds  # noqa: F401 (the tests import them from here)
 
 # grouped_gemm against float64. Inputs are rounded to their dtype before the reference sees them
 # and every backend accumulates in float32, so the only error left is the accumulation order (f32)
@@ -18,24 +17,6 @@ TOL = {jnp.float32: 1e-5, jnp.bfloat16: 8e-3, jnp.float16: 1e-3}
 FORMS = [("m", False), ("m", True), ("k", False)]
 
 GATED = {"swiglu", "geglu"}
-
-def row_scatter_adds(stablehlo: str, width: int) -> list:
-    """The result types (e.g. "61x32xf32") of the scatters in StableHLO text that add float rows of
-    `width`: JAX's transpose of a row gather, which XLA's GPU backend runs with atomic adds in the
-    rows' dtype, in no fixed order. Raises if the text has no scatter at all (a pattern that no
-    longer matches would otherwise pass every check)."""
-    found = re.findall(r'"stablehlo\.scatter"(.*?)\}\) : \([^)]*\) -> tensor<([0-9x]+)x(\w+)>', stablehlo, re.DOTALL)
-    if not found:
-        raise AssertionError("no scatter in the text")
-    return [f"{dims}x{dtype}" for region, dims, dtype in found
-            if "stablehlo.add" in region and dtype[0] in "fb" and int(dims.split("x")[-1]) == width]
-
-
-def allocated_buffers(stablehlo: str) -> list:
-    """The shapes (e.g. "5x4x4xf32") of the AllocateBuffer calls in StableHLO text: the buffers
-    that te_async.scan stacks into without filling them."""
-    return re.findall(r"custom_call @AllocateBuffer\(\) : \(\) -> tensor<([0-9x]+\w+)>", stablehlo)
-
 
 def four_device_mesh(axis: str, axis_type=None):
     """A 1-D mesh over the first 4 devices (the CPU tests make 4 host devices), or a skip where

@@ -18,11 +18,9 @@ import jax
 import jax.numpy as jnp
 
 from te_async import models
-from te_async.bench import presets, timing, train_model
+from te_async.bench import lowered, presets, timing, train_model
 
 DOT = re.compile(r"stablehlo\.dot_general .*: \(tensor<[0-9x]+x(\w+)>, tensor<[0-9x]+x(\w+)>\)")
-SCATTER = re.compile(r'"stablehlo\.scatter"(.*?)\}\) : \([^)]*\) -> tensor<([0-9x]+)x(\w+)>', re.DOTALL)
-ALLOCATED = re.compile(r"custom_call @AllocateBuffer\(\) : \(\) -> tensor<([0-9x]+)x(\w+)>")
 ITEM_BYTES = {"bf16": 2, "f16": 2, "f32": 4, "i32": 4, "i1": 1}
 
 
@@ -41,15 +39,14 @@ def main() -> None:
 
     weight_shapes = {tuple(a.shape) for run in params["layers"] for a in jax.tree.leaves(run)}
     stacked = collections.Counter()
-    for dims, dtype in ALLOCATED.findall(text):
-        shape = tuple(map(int, dims.split("x")))
+    for buffer in lowered.allocated_buffers(text):
+        *dims, dtype = buffer.split("x")
+        shape = tuple(map(int, dims))
         stacked["weight gradients" if shape in weight_shapes else "residuals"] += ITEM_BYTES[dtype] * math.prod(shape)
-    adds = [f"{dims}x{dtype}" for region, dims, dtype in SCATTER.findall(text)
-            if "stablehlo.add" in region and dtype[0] in "fb" and int(dims.split("x")[-1]) == config.hidden_size]
     result = {
         "preset": args.preset, "layers": args.layers, "seq": args.seq, "contender": args.contender,
         "gemm_operand_dtypes": {f"{a} x {b}": n for (a, b), n in collections.Counter(DOT.findall(text)).items()},
-        "row_scatter_adds": adds,
+        "row_scatter_adds": lowered.row_scatter_adds(text, config.hidden_size),
         "stacked_gb": {k: round(v / 1e9, 2) for k, v in stacked.items()},
         "source": timing.source_commit(), "jax": jax.__version__,
     }
