@@ -117,3 +117,12 @@ def test_shapes_that_do_not_fit_the_dispatch_are_refused(rng):
         combine(jnp.ones((12, 8)), dispatch, jnp.ones((6, 3)))
     with pytest.raises(ValueError, match="combine needs"):
         combine(jnp.ones((11, 8)), dispatch, jnp.ones((6, 2)))
+
+
+def test_text_without_any_scatter_is_refused_not_read_as_no_adds():
+    """row_scatter_adds' guard: a lowering with no scatter at all (or a pattern that stopped
+    matching) raises, where an empty list would pass every "no adds" check."""
+    lowered = jax.jit(lambda x: x * 2).trace(jnp.ones((4, 8))).lower(lowering_platforms=("cuda",)).as_text()
+    with pytest.raises(ValueError, match="no scatter in the text"):
+        row_scatter_adds(lowered, 8)
+    assert allocated_buffers(lowered) == []
