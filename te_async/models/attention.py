@@ -15,7 +15,8 @@ import jax
 import jax.numpy as jnp
 
 from .. import dense
-from ..decode_attention import attend, causal_mask, decode_attention
+from ..decode_attention import decode_attention
+from ..sequence_attention import causal_attention
 from .norm import rms_norm
 from .params import input_projections
 from .rope import apply_rope
@@ -92,8 +93,7 @@ def gqa_attention(p: dict, cfg, x: jax.Array, cos: jax.Array, sin: jax.Array, ca
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     scale = cfg.head_dim ** -0.5
     if position is None:
-        pos = jnp.arange(s, dtype=jnp.int32)
-        out = attend(q, k, v, causal_mask(pos, pos, window), scale)
+        out = causal_attention(q, k, v, scale, window)
         if cache is not None:
             cache = {"k": write(cache["k"], k, 0), "v": write(cache["v"], v, 0)}
     else:

@@ -15,7 +15,8 @@ expands the cache: kv_b_proj is absorbed into the query and the output (q_nope .
 by kv_b_proj once per new token instead of once per cached token (te_async.mla_decode; at one new
 token per sequence and the batches te_async.mla_token.takes, mla_sublayer runs the whole attention
 half of the layer, from the norm to the residual add, as that one call). A whole sequence (forward,
-prefill) takes the expanded path, as transformers does, which costs fewer FLOPs there.
+prefill) takes the expanded path, as transformers does, which costs fewer FLOPs there
+(te_async.sequence_attention: cuDNN's flash attention on the GPU).
 
 kv_b_proj's weight is kept as transformers stores it, [heads * (nope + v), latent]: head-major, the
 layout in which XLA's per-head products of the absorbed decode read it in place. Stored [latent,
@@ -29,8 +30,8 @@ import jax
 import jax.numpy as jnp
 
 from .. import mixed_precision, mla_token
-from ..decode_attention import attend, causal_mask
 from ..mla_decode import mla_decode_attention
+from ..sequence_attention import causal_attention
 from .attention import linear, project_input, restacked, stacked, write
 from .config import yarn_mscale
 from .norm import rms_norm
@@ -71,8 +72,7 @@ def mla_attention(p: dict, cfg, x: jax.Array, cos: jax.Array, sin: jax.Array, ca
     if position is None:
         kv = mixed_precision.einsum("bsr,hdr->bshd", c, w_kv).astype(x.dtype)
         k = jnp.concatenate([kv[..., :nope], jnp.broadcast_to(k_pe[:, :, None], (b, s, heads, rope_dim))], axis=-1)
-        pos = jnp.arange(s, dtype=jnp.int32)
-        out = attend(jnp.concatenate([q_nope, q_pe], axis=-1), k, kv[..., nope:], causal_mask(pos, pos, window), scale)
+        out = causal_attention(jnp.concatenate([q_nope, q_pe], axis=-1), k, kv[..., nope:], scale, window)
         if cache is not None:
             cache = {"ckv": write(cache["ckv"], c, 0), "kpe": write(cache["kpe"], k_pe, 0)}
     else:

@@ -1,0 +1,66 @@
+"""Causal self-attention of a whole sequence from position 0: the models' forward, prefill and
+training step.
+
+XLA's attention (decode_attention.attend) materialises the [heads, S, S] scores and probabilities,
+in float32, and its backward recomputes and reads them again: in DeepSeek-V2-Lite's training step
+at 4096 tokens, XLA's elementwise and reduce fusions took 16 of 46 ms (docs/benchmarks.md, table
+TM2), most of them that softmax by their sizes. On the GPU this runs cuDNN's flash attention
+instead (jax.nn.dot_product_attention, implementation="cudnn"), forward and backward: the scores
+stay on chip and the masked half is skipped. jax's public call takes values as wide as the keys,
+so MLA's (128 dims against 192) are padded with zeros and the output sliced back: exact, at the
+cost of computing 64 idle output columns.
+
+TE_ASYNC_SEQUENCE_ATTENTION (read once): "auto" (default: cuDNN where jax's checks accept the
+operands, XLA's attention elsewhere), "xla" (always, for comparison) or "cudnn" (an error where it
+cannot run).
+"""
+
+import functools
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+
+from . import plan
+from .decode_attention import attend, causal_mask
+
+KERNEL_ENV = "TE_ASYNC_SEQUENCE_ATTENTION"
+KERNELS = ("auto", "cudnn", "xla")
+CUDNN_DTYPES = (jnp.bfloat16, jnp.float16)
+
+
+@functools.lru_cache(maxsize=None)
+def default_kernel() -> str:
+    """TE_ASYNC_SEQUENCE_ATTENTION, read once."""
+    return plan.kernel_setting(KERNEL_ENV, KERNELS)
+
+
+def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, scale: float, window: Optional[int] = None, *,
+                     kernel: Optional[str] = None) -> jax.Array:
+    """Query i of q [B,S,H,dk] attends to keys j <= i (and j > i - window) of k [B,S,Hkv,dk], v
+    [B,S,Hkv,dv], dv <= dk; the H query heads share the Hkv key heads in groups. [B,S,H,dv] in v's
+    dtype. kernel: None (the TE_ASYNC_SEQUENCE_ATTENTION setting), "auto", "cudnn" or "xla"."""
+    kernel = default_kernel() if kernel is None else kernel
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+    if kernel != "xla" and plan.on_gpu() and {q.dtype, k.dtype, v.dtype} <= set(map(jnp.dtype, CUDNN_DTYPES)) \
+            and v.shape[-1] <= q.shape[-1]:
+        try:
+            return _cudnn(q, k, v, scale, window)
+        except NotImplementedError:  # jax's checks: head dims, cuDNN version, compute capability
+            if kernel == "cudnn":
+                raise
+    elif kernel == "cudnn":
+        raise ValueError(f"kernel='cudnn' needs a GPU, bf16 or f16 operands of one dtype and values no wider "
+                         f"than the keys; got q {q.dtype} {q.shape}, k {k.dtype}, v {v.dtype} {v.shape}")
+    pos = jnp.arange(q.shape[1], dtype=jnp.int32)
+    return attend(q, k, v, causal_mask(pos, pos, window), scale)
+
+
+def _cudnn(q, k, v, scale, window):
+    dv = v.shape[-1]
+    if dv < q.shape[-1]:
+        v = jnp.pad(v, ((0, 0),) * 3 + ((0, q.shape[-1] - dv),))
+    out = jax.nn.dot_product_attention(q, k, v, scale=scale, is_causal=True, implementation="cudnn",
+                                       local_window_size=None if window is None else (window - 1, 0))
+    return out[..., :dv]
