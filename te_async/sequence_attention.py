@@ -46,7 +46,7 @@ def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, scale: float, win
     kernel = default_kernel() if kernel is None else kernel
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
-    if kernel != "xla" and plan.on_gpu() and {q.dtype, k.dtype, v.dtype} <= set(map(jnp.dtype, CUDNN_DTYPES)) \
+    if kernel != "xla" and plan.on_gpu() and {q.dtype, k.dtype, v.dtype} in ({jnp.dtype(d)} for d in CUDNN_DTYPES) \
             and v.shape[-1] <= q.shape[-1]:
         try:
             return _cudnn(q, k, v, scale, window)
