@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from . import plan
-from .decode_attention import attend, causal_mask
+from .decode_attention import attend, causal_mask, check_window_and_layer
 
 KERNEL_ENV = "TE_ASYNC_SEQUENCE_ATTENTION"
 KERNELS = ("auto", "cudnn", "xla")
@@ -46,18 +46,27 @@ def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, scale: float, win
     kernel = default_kernel() if kernel is None else kernel
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
-    if kernel != "xla" and plan.on_gpu() and {q.dtype, k.dtype, v.dtype} in ({jnp.dtype(d)} for d in CUDNN_DTYPES) \
-            and v.shape[-1] <= q.shape[-1]:
+    _check_shapes(q, k, v)
+    check_window_and_layer(window, 0, 1)
+    if kernel != "xla" and plan.on_gpu() and {q.dtype, k.dtype, v.dtype} in ({jnp.dtype(d)} for d in CUDNN_DTYPES):
         try:
             return _cudnn(q, k, v, scale, window)
         except NotImplementedError:  # jax's checks: head dims, cuDNN version, compute capability
             if kernel == "cudnn":
                 raise
     elif kernel == "cudnn":
-        raise ValueError(f"kernel='cudnn' needs a GPU, bf16 or f16 operands of one dtype and values no wider "
-                         f"than the keys; got q {q.dtype} {q.shape}, k {k.dtype}, v {v.dtype} {v.shape}")
+        raise ValueError(f"kernel='cudnn' needs a GPU and bf16 or f16 operands of one dtype; got q {q.dtype}, "
+                         f"k {k.dtype}, v {v.dtype}")
     pos = jnp.arange(q.shape[1], dtype=jnp.int32)
     return attend(q, k, v, causal_mask(pos, pos, window), scale)
+
+
+def _check_shapes(q, k, v) -> None:
+    b, s, h, dk = q.shape if q.ndim == 4 else (None,) * 4
+    if k.ndim != 4 or v.ndim != 4 or k.shape[:2] != (b, s) or v.shape[:3] != k.shape[:3] or k.shape[3] != dk \
+            or h % k.shape[2] or v.shape[3] > dk:
+        raise ValueError(f"expected q [B,S,H,dk], k [B,S,Hkv,dk], v [B,S,Hkv,dv] with H a multiple of Hkv and "
+                         f"dv <= dk; got q {q.shape}, k {k.shape}, v {v.shape}")
 
 
 def _cudnn(q, k, v, scale, window):

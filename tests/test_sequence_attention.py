@@ -95,6 +95,24 @@ def test_bad_kernel_names_the_choices():
         causal_attention(q, q, q, 1.0, kernel="cudnn")
 
 
+@pytest.mark.parametrize("k_shape, v_shape", [((1, 5, 2, 8), (1, 4, 2, 8)),   # values of another length
+                                              ((1, 4, 3, 8), (1, 4, 3, 8)),   # 4 heads on 3 kv heads
+                                              ((1, 4, 2, 8), (1, 4, 2, 16)),  # values wider than keys
+                                              ((1, 4, 2, 4), (1, 4, 2, 4)),   # keys narrower than queries
+                                              ((4, 2, 8), (4, 2, 8))])        # no batch axis
+def test_wrong_shapes_are_refused(k_shape, v_shape):
+    q = jnp.zeros((1, 4, 4, 8), jnp.float32)
+    with pytest.raises(ValueError, match="expected q"):
+        causal_attention(q, jnp.zeros(k_shape), jnp.zeros(v_shape), 1.0)
+
+
+@pytest.mark.parametrize("window", [0, -3, 2.5])
+def test_bad_window_is_refused(window):
+    q = jnp.zeros((1, 4, 2, 8), jnp.float32)
+    with pytest.raises(ValueError, match="window must be None or a positive"):
+        causal_attention(q, q, q, 1.0, window)
+
+
 def test_setting_is_checked(monkeypatch):
     monkeypatch.setenv(sequence_attention.KERNEL_ENV, "fast")
     sequence_attention.default_kernel.cache_clear()
