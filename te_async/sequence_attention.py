@@ -8,13 +8,14 @@ TM2), most of them that softmax by their sizes. On the GPU this runs cuDNN's fla
 instead (jax.nn.dot_product_attention, implementation="cudnn"), forward and backward: the scores
 stay on chip and the masked half is skipped. jax's public call takes values as wide as the keys,
 so MLA's (128 dims against 192) are padded with zeros and the output sliced back: exact, at the
-cost of computing 64 idle output columns.
+cost of computing 64 idle output columns. An odd sequence gets one zero row the same way.
 
-TE_ASYNC_SEQUENCE_ATTENTION (read once): "xla" (default: XLA's attention everywhere), "auto"
-(cuDNN where jax's checks accept the operands, XLA's attention elsewhere) or "cudnn" (an error
-where it cannot run). The default becomes "auto" once the cuDNN path has run on a GPU: it was
-written and tested on the CPU only (stop 53 got no GPU machine); docs/trials/2026-12-05 holds the
-call that tests and measures it.
+TE_ASYNC_SEQUENCE_ATTENTION (read once): "auto" (default: cuDNN where jax's checks accept the
+operands, XLA's attention elsewhere), "cudnn" (an error where it cannot run) or "xla" (XLA's
+attention everywhere). cuDNN's backward is not bitwise reproducible (two identical training steps
+gave different bits on an H200; its dQ is summed over key blocks in no fixed order); "xla" is the setting for a step that must give
+the same bits twice. On one H200 (docs/benchmarks.md, table TM2) it made DeepSeek-V2-Lite's
+4-layer training step at 4096 tokens 1.31x faster.
 """
 
 import functools
@@ -28,7 +29,7 @@ from .decode_attention import attend, causal_mask, check_window_and_layer
 
 KERNEL_ENV = "TE_ASYNC_SEQUENCE_ATTENTION"
 KERNELS = ("auto", "cudnn", "xla")
-DEFAULT_KERNEL = "xla"  # until the cuDNN path has run on a GPU (module docstring)
+DEFAULT_KERNEL = "auto"
 CUDNN_DTYPES = (jnp.bfloat16, jnp.float16)
 
 
@@ -70,9 +71,11 @@ def _check_shapes(q, k, v) -> None:
 
 
 def _cudnn(q, k, v, scale, window):
-    dv = v.shape[-1]
-    if dv < q.shape[-1]:
-        v = jnp.pad(v, ((0, 0),) * 3 + ((0, q.shape[-1] - dv),))
-    out = jax.nn.dot_product_attention(q, k, v, scale=scale, is_causal=True, implementation="cudnn",
+    """jax's cuDNN call refuses an odd length when differentiated (jax 0.11: "Unsupported sequence
+    length"), so one zero row is appended: causal, no real query sees it, and its gradient is cut."""
+    s, dv = q.shape[1], v.shape[-1]
+    pad = lambda x, cols=0: jnp.pad(x, ((0, 0), (0, s % 2), (0, 0), (0, cols)))
+    out = jax.nn.dot_product_attention(pad(q), pad(k), pad(v, q.shape[-1] - dv), scale=scale, is_causal=True,
+                                       implementation="cudnn",
                                        local_window_size=None if window is None else (window - 1, 0))
-    return out[..., :dv]
+    return out[:, :s, :, :dv]

@@ -4,6 +4,7 @@ are in reference.py; tests import both as top-level modules (pytest puts tests/ 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from reference import SIZE_KINDS, random_group_sizes
 from te_async.bench.lowered import allocated_buffers, row_scatter_adds  # noqa: F401 (the tests import them from here)
@@ -170,3 +171,16 @@ def random_top_k(rng, tokens: int, experts: int, top_k: int) -> jax.Array:
 def bf16_bits(values: np.ndarray) -> np.ndarray:
     """The uint16 bit patterns of `values` rounded once to bfloat16 (through float32)."""
     return np.asarray(jnp.asarray(values.astype(np.float32), jnp.bfloat16).view(jnp.uint16))
+
+
+def assert_bad_setting_refused(module, monkeypatch):
+    """module.KERNEL_ENV set to an unknown kernel: module.default_kernel() raises a ValueError
+    naming the variable and the value (its cache cleared around, so later tests read the real one)."""
+    monkeypatch.setenv(module.KERNEL_ENV, "fast")
+    module.default_kernel.cache_clear()
+    try:
+        with pytest.raises(ValueError, match=f"{module.KERNEL_ENV}='fast'"):
+            module.default_kernel()
+    finally:
+        monkeypatch.delenv(module.KERNEL_ENV)
+        module.default_kernel.cache_clear()

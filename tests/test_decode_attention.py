@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from helpers import assert_bad_setting_refused
 import te_async.models as models
 from te_async import _ffi
 from te_async import decode_attention as da
@@ -106,14 +107,7 @@ def test_bad_layer_or_window(rng):
 def test_bad_kernel_names(rng, monkeypatch):
     with pytest.raises(ValueError, match="kernel must be one of"):
         call(make(rng, **GQA), 3, 0, 0.1, kernel="flash", jit=False)
-    monkeypatch.setenv(da.KERNEL_ENV, "fast")
-    da.default_kernel.cache_clear()
-    try:
-        with pytest.raises(ValueError, match="TE_ASYNC_DECODE_ATTENTION='fast'"):
-            da.default_kernel()
-    finally:
-        monkeypatch.delenv(da.KERNEL_ENV)
-        da.default_kernel.cache_clear()
+    assert_bad_setting_refused(da, monkeypatch)
 
 
 def test_kernel_refuses_what_it_cannot_run(rng):

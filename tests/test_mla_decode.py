@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from helpers import assert_bad_setting_refused
 from te_async import decode_attention as da
 from te_async import mla_decode as md
 from te_async.mla_decode import mla_decode_attention, mla_decode_unfused
@@ -99,14 +100,7 @@ def test_bad_layer_window_or_kernel(rng, monkeypatch):
         mla_decode_attention(*operands, 3, scale=0.1, window=0)
     with pytest.raises(ValueError, match="kernel must be one of"):
         mla_decode_attention(*operands, 3, scale=0.1, kernel="flash")
-    monkeypatch.setenv(md.KERNEL_ENV, "fast")
-    md.default_kernel.cache_clear()
-    try:
-        with pytest.raises(ValueError, match="TE_ASYNC_MLA_DECODE='fast'"):
-            md.default_kernel()
-    finally:
-        monkeypatch.delenv(md.KERNEL_ENV)
-        md.default_kernel.cache_clear()
+    assert_bad_setting_refused(md, monkeypatch)
 
 
 def test_kernel_refuses_what_it_cannot_run(rng):
