@@ -65,10 +65,10 @@ def cutlass_configs(form: str) -> list:
     return list(module.CUTLASS_CONFIGS.get(form, [])) if module is not None else []
 
 
-def kernel_setting(env: str, kernels: tuple, default: str = "auto") -> str:
-    """The kernel that environment variable `env` asks for, `default` where it is unset; a value
+def kernel_setting(env: str, kernels: tuple) -> str:
+    """The kernel that environment variable `env` asks for, "auto" where it is unset; a value
     outside `kernels` is an error naming them."""
-    kernel = os.environ.get(env, default)
+    kernel = os.environ.get(env, "auto")
     if kernel not in kernels:
         raise ValueError(f"{env}={kernel!r}: expected one of {kernels}")
     return kernel

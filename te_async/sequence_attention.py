@@ -12,10 +12,10 @@ cost of computing 64 idle output columns. An odd sequence gets one zero row the 
 
 TE_ASYNC_SEQUENCE_ATTENTION (read once): "auto" (default: cuDNN where jax's checks accept the
 operands, XLA's attention elsewhere), "cudnn" (an error where it cannot run) or "xla" (XLA's
-attention everywhere). cuDNN's backward is not bitwise reproducible (two identical training steps
-gave different bits on an H200; its dQ is summed over key blocks in no fixed order); "xla" is the setting for a step that must give
-the same bits twice. On one H200 (docs/benchmarks.md, table TM2) it made DeepSeek-V2-Lite's
-4-layer training step at 4096 tokens 1.31x faster.
+attention everywhere). cuDNN's backward is not bitwise reproducible: two identical training steps
+gave different bits on an H200 (presumably its dQ, summed over key blocks in no fixed order).
+"xla" is the setting for a step that must give the same bits twice. On one H200 (docs/benchmarks.md,
+table TM2) cuDNN's made DeepSeek-V2-Lite's 4-layer training step at 4096 tokens 1.31x faster.
 """
 
 import functools
@@ -29,14 +29,13 @@ from .decode_attention import attend, causal_mask, check_window_and_layer
 
 KERNEL_ENV = "TE_ASYNC_SEQUENCE_ATTENTION"
 KERNELS = ("auto", "cudnn", "xla")
-DEFAULT_KERNEL = "auto"
 CUDNN_DTYPES = (jnp.bfloat16, jnp.float16)
 
 
 @functools.lru_cache(maxsize=None)
 def default_kernel() -> str:
     """TE_ASYNC_SEQUENCE_ATTENTION, read once."""
-    return plan.kernel_setting(KERNEL_ENV, KERNELS, DEFAULT_KERNEL)
+    return plan.kernel_setting(KERNEL_ENV, KERNELS)
 
 
 def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, scale: float, window: Optional[int] = None, *,
