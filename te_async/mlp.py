@@ -137,7 +137,7 @@ def _fwd(cfg: _Config, x, group_sizes, w_fc1, w_fc2, norm_scale, norm_bias, hand
     handle = async_handle(group_sizes, cfg.mode, handle)
     xn = normalize(x, norm_scale, norm_bias, cfg.norm, cfg.eps)
     h = outside_slice_fusion(_gemm(cfg, handle, xn, w_fc1, group_sizes))  # a residual: see outside_slice_fusion
-    y = _gemm(cfg, handle, activate(h, cfg.activation), w_fc2, group_sizes)
+    y = outside_slice_fusion(_gemm(cfg, handle, activate(h, cfg.activation), w_fc2, group_sizes))  # combine keeps it
     return y, (x, group_sizes, w_fc1, w_fc2, norm_scale, norm_bias, h, keep_group_sizes(handle, x))
 
 

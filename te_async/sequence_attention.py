@@ -14,11 +14,17 @@ TE_ASYNC_SEQUENCE_ATTENTION (read once): "auto" (default: cuDNN where jax's chec
 operands, XLA's attention elsewhere), "cudnn" (an error where it cannot run) or "xla" (XLA's
 attention everywhere). cuDNN's backward is not bitwise reproducible: two identical training steps
 gave different bits on an H200 (presumably its dQ, summed over key blocks in no fixed order).
-"xla" is the setting for a step that must give the same bits twice. On one H200 (docs/benchmarks.md,
-table TM2) cuDNN's made DeepSeek-V2-Lite's 4-layer training step at 4096 tokens 1.31x faster.
+"xla" is the setting for a step that must give the same bits twice, and "auto" takes it by itself
+where XLA_FLAGS asks for --xla_gpu_deterministic_ops: with that flag jax 0.11.2's XLA failed to
+compile the training step with cuDNN's attention (an internal IndexError, "raw_hash_map<>::at";
+H100, 2026-12-05), while XLA's attention compiled and gave the same bits twice. On one H200
+(docs/benchmarks.md, table TM2) cuDNN's made DeepSeek-V2-Lite's 4-layer training step at 4096
+tokens 1.31x faster.
 """
 
 import functools
+import os
+import re
 from typing import Optional
 
 import jax
@@ -38,6 +44,12 @@ def default_kernel() -> str:
     return plan.kernel_setting(KERNEL_ENV, KERNELS)
 
 
+@functools.lru_cache(maxsize=None)
+def deterministic_ops_requested() -> bool:
+    """Whether XLA_FLAGS turns on --xla_gpu_deterministic_ops (bare, =true or =1), read once."""
+    return re.search(r"--xla_gpu_deterministic_ops(=(true|1))?(\s|$)", os.environ.get("XLA_FLAGS", "")) is not None
+
+
 def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, scale: float, window: Optional[int] = None, *,
                      kernel: Optional[str] = None) -> jax.Array:
     """Query i of q [B,S,H,dk] attends to keys j <= i (and j > i - window) of k [B,S,Hkv,dk], v
@@ -46,6 +58,8 @@ def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, scale: float, win
     kernel = default_kernel() if kernel is None else kernel
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+    if kernel == "auto" and deterministic_ops_requested():
+        kernel = "xla"  # the module docstring says why
     _check_shapes(q, k, v)
     check_window_and_layer(window, 0, 1)
     if kernel != "xla" and plan.on_gpu() and {q.dtype, k.dtype, v.dtype} in ({jnp.dtype(d)} for d in CUDNN_DTYPES):

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import te_async
+from te_async.moe import moe_block
 from helpers import mlp_inputs, mlp_layer_stack, random_kind
 from reference import mlp_reference, rel_error
 
@@ -92,8 +93,14 @@ def test_scan_over_layers_forward_and_backward(rng):
 
 
 def _scanned_mlp(kind):
-    """x + mlp(x) with one layer's (w_fc1, w_fc2, group_sizes), through grouped_mlp or te_async.ragged_dot."""
+    """x + mlp(x) with one layer's (w_fc1, w_fc2, group_sizes), through grouped_mlp, te_async.ragged_dot,
+    or moe_block (its own routing, then grouped_mlp, whose output combine keeps for the router
+    weights' gradient)."""
+    router = jax.random.normal(jax.random.key(5), (16, 4), jnp.float32)
+
     def mlp(x, gs, w1, w2):
+        if kind == "moe_block":
+            return moe_block(x, router.astype(x.dtype), w1, w2, top_k=2, group_sizes_mode="device", fuse=False)
         if kind == "grouped_mlp":
             return te_async.grouped_mlp(x, gs, w1, w2, norm=None, group_sizes_mode="device")
         h = te_async.ragged_dot(x, w1, gs, group_sizes_mode="device")
@@ -103,11 +110,12 @@ def _scanned_mlp(kind):
     return lambda x, p: (x + mlp(x, p[2], p[0], p[1]), None)
 
 
-@pytest.mark.parametrize("kind", ["grouped_mlp", "ragged_dot"])
+@pytest.mark.parametrize("kind", ["grouped_mlp", "ragged_dot", "moe_block"])
 def test_scanned_training_step_runs_each_gemm_once(rng, kind):
-    """Under lax.scan a forward GEMM whose output is also a residual compiled twice on the GPU
-    (te_async.gemm.outside_slice_fusion): the compiled step must hold exactly the six grouped GEMMs
-    of a layer (two forward, four backward), and its gradients must be the unrolled layers'."""
+    """Under lax.scan a forward GEMM whose output is also a residual (its own backward's, or
+    combine's) compiled twice on the GPU (te_async.gemm.outside_slice_fusion): the compiled step
+    must hold exactly the six grouped GEMMs of a layer (two forward, four backward), and its
+    gradients must be the unrolled layers'."""
     layers = 3
     sizes, w1, w2, x0 = mlp_layer_stack(rng, layers, groups=4, rows=40, hidden=16, ffn=8, dtype=jnp.bfloat16)
     gs = jnp.asarray(sizes)
