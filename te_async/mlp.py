@@ -20,7 +20,11 @@ cudaStreamSynchronize. Under jax.checkpoint the forward runs again in the backwa
 its own copy, which the backward then reuses.
 
 Residuals: x, the weights, the norm parameters, group_sizes, the async handle and the fc1
-output h [M, F1]; h is saved because recomputing it would cost a grouped GEMM. The norm output
+output h [M, F1]; h is saved because recomputing it would cost a grouped GEMM. With row_weights
+(an MoE block's router weights in row order) the output is w * y and the weights' gradient is
+computed from what the backward has anyway, sum(dy @ W2^T * act) per row, so y itself is kept by
+nobody: te_async.moe's combine kept it for that gradient ([M, H] a layer, 100 MB at
+DeepSeek-V2-Lite's 24576 rows). The norm output
 and the activation are recomputed in the backward, which saves 169 MB a layer at
 DeepSeek-V2-Lite's shapes and 24576 rows, and costs no time that we could measure: keeping them
 instead (as TransformerEngine's LayerNormMLP does) changed the device-mode layer by -19 us of
@@ -84,7 +88,7 @@ def activate(h, activation: str):
     return PLAIN_ACTIVATIONS[activation](hf).astype(h.dtype)
 
 
-def _check(x, group_sizes, w_fc1, w_fc2, norm_scale, norm_bias, norm, activation):
+def _check(x, group_sizes, w_fc1, w_fc2, norm_scale, norm_bias, norm, activation, row_weights):
     check_group_sizes(group_sizes)
     if norm not in NORMS:
         raise ValueError(f"norm must be one of {NORMS}, got {norm!r}")
@@ -113,6 +117,9 @@ def _check(x, group_sizes, w_fc1, w_fc2, norm_scale, norm_bias, norm, activation
             raise ValueError(f"{name} must be [{h}], got {p.shape}")
     if norm_bias is not None and norm == "rmsnorm":
         raise ValueError("rmsnorm takes no norm_bias")
+    if row_weights is not None and (row_weights.shape != x.shape[:1] or not jnp.issubdtype(row_weights.dtype, jnp.floating)):
+        raise ValueError(f"row_weights must be floating [{x.shape[0]}] (one weight a row of x), got "
+                         f"{row_weights.dtype} {row_weights.shape}")
 
 
 def gemm_shapes(groups: int, rows: int, hidden: int, fc1_n: int, ffn: int, dtype) -> tuple:
@@ -133,33 +140,46 @@ def _gemm(cfg: _Config, handle, lhs, rhs, group_sizes, **kw):
     return grouped_gemm(lhs, rhs, group_sizes, group_sizes_mode=cfg.mode, host_group_sizes=handle, **kw)
 
 
-def _fwd(cfg: _Config, x, group_sizes, w_fc1, w_fc2, norm_scale, norm_bias, handle):
+def _scaled(row_weights, rows, dtype):
+    return (row_weights[:, None] * rows.astype(jnp.float32)).astype(dtype)
+
+
+def _fwd(cfg: _Config, x, group_sizes, w_fc1, w_fc2, norm_scale, norm_bias, row_weights, handle):
     handle = async_handle(group_sizes, cfg.mode, handle)
     xn = normalize(x, norm_scale, norm_bias, cfg.norm, cfg.eps)
     h = outside_slice_fusion(_gemm(cfg, handle, xn, w_fc1, group_sizes))  # a residual: see outside_slice_fusion
-    y = outside_slice_fusion(_gemm(cfg, handle, activate(h, cfg.activation), w_fc2, group_sizes))  # combine keeps it
-    return y, (x, group_sizes, w_fc1, w_fc2, norm_scale, norm_bias, h, keep_group_sizes(handle, x))
+    # Without row_weights, te_async.routing.combine keeps y: a residual too.
+    y = outside_slice_fusion(_gemm(cfg, handle, activate(h, cfg.activation), w_fc2, group_sizes))
+    y = y if row_weights is None else _scaled(row_weights, y, jnp.float32)
+    return y, (x, group_sizes, w_fc1, w_fc2, norm_scale, norm_bias, row_weights, h, keep_group_sizes(handle, x))
 
 
 def _bwd(cfg: _Config, residuals, dy):
-    x, group_sizes, w_fc1, w_fc2, norm_scale, norm_bias, h, forward_handle = residuals
+    """With row_weights, dy is the unscaled cotangent of w * y: fc2's dgrad runs on it, its product
+    with the activation gives the weights' gradient, and the weights scale the dgrad's output and
+    the activation that fc2's wgrad reads (a^T (w dy) = (w a)^T dy), so no extra [M, H] operand."""
+    x, group_sizes, w_fc1, w_fc2, norm_scale, norm_bias, row_weights, h, forward_handle = residuals
     handle = reuse_group_sizes(forward_handle) if cfg.mode == "async" else None
     gemm = functools.partial(_gemm, cfg, handle)
     xn, norm_vjp = jax.vjp(lambda x_, s_, b_: normalize(x_, s_, b_, cfg.norm, cfg.eps), x, norm_scale, norm_bias)
     a, act_vjp = jax.vjp(lambda h_: activate(h_, cfg.activation), h)
     dy = dy.astype(x.dtype)
     da = gemm(dy, w_fc2, group_sizes, transpose_rhs=True)
+    d_row_weights = None
+    if row_weights is not None:
+        d_row_weights = jnp.sum(da.astype(jnp.float32) * a.astype(jnp.float32), axis=1).astype(row_weights.dtype)
+        da, a = _scaled(row_weights, da, x.dtype), _scaled(row_weights, a, x.dtype)
     dw_fc2 = gemm(a, dy, group_sizes, ragged="k")
     (dh,) = act_vjp(da)
     dxn = gemm(dh, w_fc1, group_sizes, transpose_rhs=True)
     dw_fc1 = gemm(xn, dh, group_sizes, ragged="k")
     dx, dscale, dbias = norm_vjp(dxn)
-    return dx, None, dw_fc1, dw_fc2, dscale, dbias, None
+    return dx, None, dw_fc1, dw_fc2, dscale, dbias, d_row_weights, None
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _grouped_mlp(cfg, x, group_sizes, w_fc1, w_fc2, norm_scale, norm_bias, handle):
-    return _fwd(cfg, x, group_sizes, w_fc1, w_fc2, norm_scale, norm_bias, handle)[0]
+def _grouped_mlp(cfg, x, group_sizes, w_fc1, w_fc2, norm_scale, norm_bias, row_weights, handle):
+    return _fwd(cfg, x, group_sizes, w_fc1, w_fc2, norm_scale, norm_bias, row_weights, handle)[0]
 
 
 _grouped_mlp.defvjp(_fwd, _bwd)
@@ -179,6 +199,7 @@ def grouped_mlp(
     group_sizes_mode: Optional[str] = None,
     use_async_d2h_group_sizes: bool = False,
     host_group_sizes: Optional[HostGroupSizes] = None,
+    row_weights: Optional[jax.Array] = None,
 ) -> jax.Array:
     """GroupedLayerNormMLP: y[rows_g] = fc2_g(act(fc1_g(norm(x[rows_g])))), differentiable.
 
@@ -193,13 +214,19 @@ def grouped_mlp(
     `use_async_d2h_group_sizes` or `host_group_sizes` asks for "async", which is also the default
     elsewhere; see grouped_gemm for the modes and for bad sizes. The mode that runs is
     logged at debug level on the "te_async" logger.
+
+    row_weights [M] (an MoE block's router weights, one a row): the result is float32 row_weights[:,
+    None] * y, differentiable in row_weights too, and y is not kept for the backward (module
+    docstring); sum each token's rows with te_async.routing.sum_rows.
     """
     x, group_sizes = jnp.asarray(x), jnp.asarray(group_sizes)
-    _check(x, group_sizes, w_fc1, w_fc2, norm_scale, norm_bias, norm, activation)
+    row_weights = None if row_weights is None else jnp.asarray(row_weights)
+    _check(x, group_sizes, w_fc1, w_fc2, norm_scale, norm_bias, norm, activation, row_weights)
     check_unsharded("te_async.grouped_mlp", x=x, group_sizes=group_sizes, w_fc1=w_fc1, w_fc2=w_fc2)
     mode = resolve_mlp_mode(group_sizes_mode, use_async_d2h_group_sizes, host_group_sizes, groups=group_sizes.shape[0],
                             rows=x.shape[0], w_fc1=w_fc1, w_fc2=w_fc2)
     logger.debug("grouped_mlp: group_sizes_mode=%s G=%d M=%d", mode, group_sizes.shape[0], x.shape[0])
     cfg = _Config(norm, float(eps), activation, mode)
-    x, w_fc1, w_fc2, norm_scale, norm_bias = vary_alike(x, w_fc1, w_fc2, norm_scale, norm_bias)  # gradients typed as operands
-    return _grouped_mlp(cfg, x, group_sizes, w_fc1, w_fc2, norm_scale, norm_bias, host_group_sizes)
+    x, w_fc1, w_fc2, norm_scale, norm_bias, row_weights = vary_alike(x, w_fc1, w_fc2, norm_scale, norm_bias,
+                                                                     row_weights)  # gradients typed as operands
+    return _grouped_mlp(cfg, x, group_sizes, w_fc1, w_fc2, norm_scale, norm_bias, row_weights, host_group_sizes)

@@ -1,5 +1,6 @@
 """An MoE block on the public API: top-k router, token sort by expert with group sizes computed
-on the device, grouped_mlp, then unpermute and combine with the router weights.
+on the device, grouped_mlp with the router weights on its rows (row_weights: its output is then
+not kept for the backward), then each token's rows summed (routing.sum_rows).
 
 In async mode the block issues copy_group_sizes right after routing, before the permutation,
 and hands the handle to grouped_mlp, so that the group-sizes copy overlaps the dispatch.
@@ -13,7 +14,8 @@ import jax.numpy as jnp
 from . import decode_moe, token_ffn, token_moe
 from .group_sizes import copy_group_sizes
 from .mlp import EPS, grouped_mlp, normalize, resolve_mlp_mode
-from .routing import Dispatch, Routing, combine, dispatch_rows, plan_dispatch, route, route_reference  # noqa: F401 (re-exported)
+from .routing import (Dispatch, Routing, combine, dispatch_rows, plan_dispatch, route, route_reference,  # noqa: F401 (re-exported)
+                      sum_rows, weights_by_row)
 
 
 def route_top_k(x: jax.Array, router: jax.Array, top_k: int) -> Routing:
@@ -86,5 +88,6 @@ def _routed_block(x, router, w_fc1, w_fc2, top_k, norm_scale, norm, activation, 
         activation=activation,
         group_sizes_mode=mode,
         host_group_sizes=handle,
+        row_weights=weights_by_row(routing.weights, dispatch),
     )
-    return combine(y_rows, dispatch, routing.weights)
+    return sum_rows(y_rows, dispatch, x.shape[0]).astype(x.dtype)

@@ -103,6 +103,11 @@ def dispatch_rows(x: jax.Array, dispatch: Dispatch) -> jax.Array:
     return _gather_rows(x.shape[0], *vary_alike(x, dispatch.token_of_row, dispatch.row_of_choice))
 
 
+def _token_sums(tokens: int, rows: jax.Array, row_of_choice: jax.Array) -> jax.Array:
+    """[T*k, H] rows -> [T, H]: each token's k rows summed in float32, in choice order."""
+    return rows[row_of_choice].reshape(tokens, row_of_choice.shape[0] // tokens, -1).astype(jnp.float32).sum(axis=1)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _gather_rows(tokens, x, token_of_row, row_of_choice):
     return x[token_of_row]
@@ -113,11 +118,62 @@ def _gather_rows_fwd(tokens, x, token_of_row, row_of_choice):
 
 
 def _gather_rows_bwd(tokens, row_of_choice, g):
-    copies = g[row_of_choice].reshape(tokens, row_of_choice.shape[0] // tokens, -1)
-    return copies.astype(jnp.float32).sum(axis=1).astype(g.dtype), None, None
+    return _token_sums(tokens, g, row_of_choice).astype(g.dtype), None, None
 
 
 _gather_rows.defvjp(_gather_rows_fwd, _gather_rows_bwd)
+
+
+def sum_rows(rows: jax.Array, dispatch: Dispatch, tokens: int) -> jax.Array:
+    """combine for rows that carry their router weights already (grouped_mlp's row_weights): each
+    of `tokens` tokens' k rows summed in float32, in choice order, [T, H] float32. Its gradient is
+    a gather of the tokens' gradients (dispatch_rows' forward) and keeps nothing but the order."""
+    n = dispatch.row_of_choice.shape[0]
+    if rows.ndim != 2 or rows.shape[0] != n or tokens <= 0 or n % tokens:
+        raise ValueError(f"sum_rows needs rows [T*k, H] for a dispatch of T*k = {n} rows and T tokens, got rows "
+                         f"{rows.shape} and T = {tokens}")
+    return _sum_rows(tokens, rows.dtype, *vary_alike(rows, dispatch.token_of_row, dispatch.row_of_choice))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _sum_rows(tokens, dtype, rows, token_of_row, row_of_choice):
+    return _token_sums(tokens, rows, row_of_choice)
+
+
+def _sum_rows_fwd(tokens, dtype, rows, token_of_row, row_of_choice):
+    return _token_sums(tokens, rows, row_of_choice), token_of_row
+
+
+def _sum_rows_bwd(tokens, dtype, token_of_row, g):
+    return g[token_of_row].astype(dtype), None, None
+
+
+_sum_rows.defvjp(_sum_rows_fwd, _sum_rows_bwd)
+
+
+def weights_by_row(weights: jax.Array, dispatch: Dispatch) -> jax.Array:
+    """Router weights [T, k] -> [T*k] in row order (grouped_mlp's row_weights); its gradient
+    gathers back through row_of_choice (JAX's transpose of the gather would be a scatter)."""
+    if weights.ndim != 2 or weights.size != dispatch.choice_of_row.shape[0]:
+        raise ValueError(f"weights_by_row needs weights [T, k] for a dispatch of T*k = "
+                         f"{dispatch.choice_of_row.shape[0]} rows, got {weights.shape}")
+    return _permute(weights.shape, *vary_alike(weights, dispatch.choice_of_row, dispatch.row_of_choice))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _permute(shape, weights, choice_of_row, row_of_choice):
+    return weights.reshape(-1)[choice_of_row]
+
+
+def _permute_fwd(shape, weights, choice_of_row, row_of_choice):
+    return weights.reshape(-1)[choice_of_row], row_of_choice
+
+
+def _permute_bwd(shape, row_of_choice, g):
+    return g[row_of_choice].reshape(shape), None, None
+
+
+_permute.defvjp(_permute_fwd, _permute_bwd)
 
 
 def combine(y_rows: jax.Array, dispatch: Dispatch, weights: jax.Array) -> jax.Array:

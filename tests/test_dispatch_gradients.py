@@ -12,7 +12,7 @@ import te_async
 from helpers import allocated_buffers, bf16_bits, moe_params, random_top_k, row_scatter_adds
 from reference import rel_error
 from te_async.moe import moe_block
-from te_async.routing import combine, dispatch_rows, plan_dispatch
+from te_async.routing import combine, dispatch_rows, plan_dispatch, sum_rows, weights_by_row
 
 
 def _dispatch(rng, tokens, experts, top_k):
@@ -60,6 +60,34 @@ def test_combine_gradients_match_float64(rng):
     np.testing.assert_allclose(np.asarray(d_rows), w64[t_of, j_of][:, None] * c64[t_of], rtol=1e-6, atol=1e-7)
     y_of_choice = y64[np.asarray(dispatch.row_of_choice)].reshape(tokens, top_k, hidden)
     assert rel_error(d_weights, np.einsum("tkh,th->tk", y_of_choice, c64)) < 1e-6
+
+
+def test_weights_by_row_and_sum_rows_match_float64(rng):
+    """The weighted-rows combine (weights_by_row into grouped_mlp, then sum_rows): each in row order
+    and back, gradients gathers, against float64."""
+    tokens, experts, top_k, hidden = 31, 6, 3, 12
+    dispatch = _dispatch(rng, tokens, experts, top_k)
+    weights = jnp.asarray(rng.random((tokens, top_k)), jnp.float32)
+    rows = jnp.asarray(rng.standard_normal((tokens * top_k, hidden)), jnp.float32)
+    c_rows, c = jnp.asarray(rng.standard_normal(tokens * top_k)), jnp.asarray(rng.standard_normal((tokens, hidden)))
+    choice = np.asarray(dispatch.choice_of_row)
+    t_of, j_of = np.divmod(choice, top_k)
+    w_rows, pull_w = jax.vjp(lambda w: weights_by_row(w, dispatch), weights)
+    np.testing.assert_array_equal(np.asarray(w_rows), np.asarray(weights)[t_of, j_of])
+    (d_weights,) = pull_w(c_rows.astype(jnp.float32))
+    want = np.zeros((tokens, top_k))
+    want[t_of, j_of] = np.asarray(c_rows)
+    np.testing.assert_allclose(np.asarray(d_weights), want, rtol=1e-6)
+    sums, pull_s = jax.vjp(lambda r: sum_rows(r, dispatch, tokens), rows)
+    ref = np.zeros((tokens, hidden))
+    np.add.at(ref, t_of, np.asarray(rows, np.float64))
+    assert sums.dtype == jnp.float32 and rel_error(sums, ref) < 1e-6
+    (d_rows,) = pull_s(c.astype(jnp.float32))
+    np.testing.assert_array_equal(np.asarray(d_rows), np.asarray(c, np.float32)[t_of])
+    with pytest.raises(ValueError, match="sum_rows needs rows"):
+        sum_rows(rows, dispatch, 4)
+    with pytest.raises(ValueError, match="weights_by_row needs weights"):
+        weights_by_row(weights[:, :2], dispatch)
 
 
 @pytest.mark.parametrize("mode", te_async.GROUP_SIZES_MODES)

@@ -48,6 +48,41 @@ def test_forward_and_grads_match_float64(rng, norm, activation):
         assert rel_error(g_ours[name], g_ref[name]) < 1e-4, (name, kind)
 
 
+@pytest.mark.parametrize("norm,activation", [("rmsnorm", "swiglu"), ("layernorm", "gelu"), (None, "geglu")])
+def test_row_weights_forward_and_grads_match_float64(rng, norm, activation):
+    """row_weights: w * y in float32, and gradients for every operand and the weights themselves
+    (computed from fc2's dgrad and the activation, not from y), against float64, with empty groups
+    and rows past the groups."""
+    cfg = dict(groups=5, rows=int(rng.integers(20, 60)), hidden=int(rng.integers(4, 24)), ffn=int(rng.integers(3, 20)))
+    sizes, arrays = mlp_inputs(rng, activation=activation, norm=norm, kind="zeros", **cfg)
+    sizes[-1] = max(sizes[-1] - 3, 0)  # rows past the groups: zero output, zero weight gradient
+    arrays["row_weights"] = jnp.asarray(rng.random(cfg["rows"]), jnp.float32)
+    gs = jnp.asarray(sizes)
+    ours = lambda row_weights, **kw: te_async.grouped_mlp(group_sizes=gs, norm=norm, activation=activation,
+                                                          row_weights=row_weights, **kw)
+    ref = lambda row_weights, x, **kw: row_weights.astype(jnp.float64)[:, None] * mlp_reference(
+        x, sizes, norm=norm, activation=activation, **kw)
+    y = jax.jit(lambda a: ours(**a))(arrays)
+    assert y.dtype == jnp.float32 and y.shape == arrays["x"].shape
+    assert rel_error(y, jax.jit(lambda a: ref(**a))(arrays)) < 1e-5
+    cot = jnp.asarray(rng.standard_normal((cfg["rows"], cfg["hidden"])))
+    _, g_ours = loss_and_grads(ours, arrays, cot)
+    _, g_ref = loss_and_grads(ref, arrays, cot)
+    assert set(g_ours) == set(g_ref) and "row_weights" in g_ours
+    for name in g_ref:
+        assert g_ours[name].dtype == arrays[name].dtype
+        assert rel_error(g_ours[name], g_ref[name]) < 1e-4, name
+    assert not np.asarray(g_ours["row_weights"])[sum(sizes):].any()
+
+
+@pytest.mark.parametrize("bad", [np.ones(7, np.float32), np.ones((8, 1), np.float32), np.ones(8, np.int32)])
+def test_bad_row_weights_are_refused(bad):
+    x = jnp.zeros((8, 4), jnp.float32)
+    w1, w2 = jnp.zeros((2, 4, 6), jnp.float32), jnp.zeros((2, 3, 4), jnp.float32)
+    with pytest.raises(ValueError, match="row_weights must be floating \\[8\\]"):
+        te_async.grouped_mlp(x, jnp.asarray([4, 4], jnp.int32), w1, w2, row_weights=jnp.asarray(bad))
+
+
 def group_sizes_to_ref(kw):
     """mlp_reference takes x positionally; pop it out of the keyword set."""
     return kw.pop("x")

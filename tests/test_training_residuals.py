@@ -14,6 +14,7 @@ from te_async.bench import presets
 from te_async.decode_attention import attend, causal_mask
 from te_async.models.ffn import swiglu_mlp
 from te_async.models.norm import rms_norm
+from te_async.moe import moe_block
 
 LAYERS = 3
 
@@ -76,3 +77,15 @@ def test_bf16_model_keeps_no_attention_probabilities_and_one_float32_row_stack(r
     rows = [s for s in stacks if s.endswith("f32") and np.prod([int(d) for d in s[:-4].split("x")]) >=
             LAYERS * batch * seq * config.hidden_size]
     assert rows == [f"{LAYERS}x{batch * seq}x{config.hidden_size}xf32"], rows
+
+
+def test_moe_block_keeps_its_input_rows_not_its_output_rows(rng):
+    """A scanned MoE block's routed experts keep one [T*k, H] stack, grouped_mlp's input rows: the
+    router weights ride on grouped_mlp's rows (row_weights), so the output rows that combine kept
+    for the weights' gradient are kept by nobody."""
+    tokens, experts, hidden, ffn, top_k = 32, 4, 16, 12, 2  # h [T*k, 24]: not the rows' shape
+    p = {"router": _bf16(rng, LAYERS, hidden, experts), "w_fc1": _bf16(rng, LAYERS, experts, hidden, 2 * ffn),
+         "w_fc2": _bf16(rng, LAYERS, experts, ffn, hidden)}
+    step = lambda x, p: (x + moe_block(x, **p, top_k=top_k, group_sizes_mode="device", fuse=False), None)
+    stacks = _stacks(step, _bf16(rng, tokens, hidden), p)
+    assert stacks.count(f"{LAYERS}x{tokens * top_k}x{hidden}xbf16") == 1, stacks

@@ -1,5 +1,6 @@
 """The MoE block of a decoder layer: route, sort the tokens by expert, run the routed experts
-(te_async.grouped_mlp, or jax.lax.ragged_dot for comparison), combine, add the shared experts.
+(te_async.grouped_mlp with the router weights on its rows, or jax.lax.ragged_dot and combine for
+comparison), sum each token's rows, add the shared experts.
 
 moe_sublayer is the decoder's whole MoE sub-layer, x + moe_block(rms_norm(x)). experts="te_async"
 in device mode with one token per step runs all of it as te_async.token_moe (the norm, the router,
@@ -33,7 +34,7 @@ import jax.numpy as jnp
 from .. import decode_moe, token_ffn, token_moe
 from ..group_sizes import copy_group_sizes
 from ..mlp import activate, grouped_mlp, resolve_mlp_mode
-from ..routing import combine, dispatch_rows
+from ..routing import combine, dispatch_rows, sum_rows, weights_by_row
 from .ffn import swiglu_mlp
 from .norm import rms_norm
 from .routing import route, top_k_options
@@ -96,10 +97,12 @@ def moe_block(p: dict, cfg, x: jax.Array, *, group_sizes_mode: Optional[str], ex
             shared, rows = jax.lax.optimization_barrier((shared, rows))
         if experts != "ragged_dot":
             y_rows = grouped_mlp(rows, dispatch.group_sizes, p["w_fc1"], p["w_fc2"], norm=None, activation="swiglu",
-                                 group_sizes_mode=mode, host_group_sizes=handle)
+                                 group_sizes_mode=mode, host_group_sizes=handle,
+                                 row_weights=weights_by_row(routing.weights, dispatch))
+            y = sum_rows(y_rows, dispatch, x.shape[0]).astype(x.dtype)
         else:
-            y_rows = _ragged_dot_experts(rows, dispatch.group_sizes, p["w_fc1"], p["w_fc2"])
-        y = combine(y_rows, dispatch, routing.weights)
+            y = combine(_ragged_dot_experts(rows, dispatch.group_sizes, p["w_fc1"], p["w_fc2"]), dispatch,
+                        routing.weights)
     return _finish(y, shared, shape, routing, return_routing)
 
 
