@@ -1,9 +1,10 @@
 """A small MoE decoder loop on te_async's public API, on whatever backend JAX has.
 
-Each decode step runs L MoE layers (router, sort by expert, grouped_mlp, combine, residual)
-under one jit, scanning over the stacked layer weights. It is run once per group-sizes mode,
-the outputs are checked against a dense float32 reference written in plain jnp, and the step
-time is printed. CPU: a tiny model. GPU: DeepSeek-V2-Lite's expert shapes (te_async.bench.presets).
+Each decode step runs L MoE layers (router, sort by expert, grouped_mlp with the router weights
+on its rows, each token's rows summed, residual) under one jit, scanning over the stacked layer
+weights. It is run once per group-sizes mode, the outputs are checked against a dense float32
+reference written in plain jnp, and the step time is printed. CPU: a tiny model. GPU:
+DeepSeek-V2-Lite's expert shapes (te_async.bench.presets).
 
     python examples/moe_decode.py [--preset NAME] [--tokens 8] [--steps 20] [--layers N]
 """
