@@ -172,6 +172,8 @@ def test_train_model_bench_runs_checks_and_slopes(tmp_path):
         assert r["model_flops"] == flops and r["tflops"] == pytest.approx(flops / r["median_ms"] * 1e-9)
     for r in rows[1::2]:
         assert r["loss_rel_error"] < LOSS_TOL and r["grad_rel_error"] < GRAD_TOL
+    for shallow, deep in zip(rows[:2], rows[2:]):  # a second layer's residuals
+        assert 0 < shallow["temp_gb"] < deep["temp_gb"], (shallow, deep)
     assert set(result["slopes"]) == {"device", "ragged_dot"}
     profiled = [r for r in rows if "idle_fraction" in r]  # the deepest model's, one profiled step each
     assert [r["layers"] for r in profiled] == [2, 2] and (jax.default_backend() == "gpu") == all(

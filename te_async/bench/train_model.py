@@ -11,7 +11,9 @@ what plain JAX offers). Each is checked against the first (its loss, and its gra
 error), and for determinism: a second step on the same input must give the same gradient bits.
 
 Per contender and depth: the step's wall clock (median of back-to-back steps) and GPU busy time
-(the profiler's kernel time), tokens per second, and model TFLOP/s by wall clock:
+(the profiler's kernel time), the GB of temporary buffers XLA's compiled step allocates (its
+memory besides the parameters, tokens and outputs: what the forward keeps for the backward, and
+scratch), tokens per second, and model TFLOP/s by wall clock:
 te_async.models.train_flops (every weight matrix a token passes through and causal attention, 3x
 the forward) over the step's time, the count MFU uses. With two depths, the slope between them is
 what one more decoder layer adds to a step. On a GPU one step of the deepest model is profiled per
@@ -73,6 +75,14 @@ def _rel_error(out, ref) -> float:
     return float(np.sqrt(diff / max(norm, 1e-300)))
 
 
+def compile_step(step, inputs) -> tuple:
+    """(the step compiled ahead of time for inputs' shapes, its temporary buffers in GB; None where
+    the backend does not report them)."""
+    compiled = step.lower(*inputs[0]).compile()
+    stats = compiled.memory_analysis()
+    return compiled, None if stats is None else stats.temp_size_in_bytes / 1e9
+
+
 def _same_bits(a, b) -> bool:
     return all(np.array_equal(np.asarray(x).reshape(-1).view(np.uint8), np.asarray(y).reshape(-1).view(np.uint8))
                for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
@@ -120,9 +130,9 @@ def run(args) -> dict:
             row = {"contender": contender, "layers": depth, "tokens": args.batch * seq, "model_flops": flops}
             try:
                 reps = args.reps if contender != "ragged_dot" or not gpu else max(3, args.reps // 3)  # XLA's is slow
-                step = train_step(config, contender, args.remat)
+                step, temp_gb = compile_step(train_step(config, contender, args.remat), inputs)
                 timed, out = measure(step, inputs, reps, gpu)
-                row.update(timed, tokens_per_s=args.batch * seq / (timed["median_ms"] / 1e3),
+                row.update(timed, temp_gb=temp_gb, tokens_per_s=args.batch * seq / (timed["median_ms"] / 1e3),
                            tflops=flops / (timed["median_ms"] / 1e3) / 1e12, loss=float(out[0]))
                 if profiled and depth == depths[-1]:
                     fields, intervals = profile(step, inputs, args.out / "traces" / contender)
@@ -171,6 +181,7 @@ def _line(row) -> str:
     if row.get("idle_fraction") is not None:
         gpu += f" idle {row['idle_fraction']:.0%} of a profiled step"
     check = "" if "grad_rel_error" not in row else f"  grads vs reference {row['grad_rel_error']:.1e}"
+    gpu += "" if row["temp_gb"] is None else f" temp {row['temp_gb']:.3g} GB"
     return (f"{head} {row['median_ms']:9.2f} ms/step{gpu} {row['tokens_per_s']:10.0f} tokens/s "
             f"{row['tflops']:7.3g} TFLOP/s  loss {row['loss']:.4f}{check}  deterministic {row['deterministic']}")
 
@@ -188,15 +199,15 @@ def markdown(result) -> str:
     find = lambda c, d: next((r for r in rows if r["contender"] == c and r["layers"] == d), None)
     head = ["contender"] + [f"{d} layers: ms per step (TFLOP/s)" for d in depths]
     head += ["ms per layer (slope)"] if slopes else []
-    head += ["GPU idle", "grads vs " + cfg["reference"], "same bits twice"]
+    head += ["temp GB", "GPU idle", "grads vs " + cfg["reference"], "same bits twice"]
     lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     for c in cfg["contenders"]:
         deepest = find(c, depths[-1])
         ok = deepest is not None and "error" not in deepest
         cells = [c] + [_cell(find(c, d)) for d in depths]
         cells += [f"{slopes[c]:.2f}" if c in slopes else ""] if slopes else []
-        idle = deepest.get("idle_fraction") if ok else None
-        cells += ["" if idle is None else f"{idle:.0%}",
+        idle, temp = (deepest.get("idle_fraction"), deepest["temp_gb"]) if ok else (None, None)
+        cells += ["" if temp is None else f"{temp:.3g}", "" if idle is None else f"{idle:.0%}",
                   f"{deepest['grad_rel_error']:.1e}" if ok and "grad_rel_error" in deepest else "",
                   str(deepest["deterministic"]) if ok else ""]
         lines.append("| " + " | ".join(cells) + " |")
@@ -205,7 +216,8 @@ def markdown(result) -> str:
     lines += ["", f"{name}'s first layers, a training step (loss and every gradient{remat}) on {cfg['batch']} x "
               f"{cfg['seq']} tokens, {cfg['dtype']}: wall clock ms per step (median of back-to-back steps) / GPU busy ms, and model "
               "TFLOP/s by wall clock (te_async.models.train_flops); the slope is what one more layer adds (wall clock). "
-              "GPU idle, gradients against the first contender's (relative error over all of them) and same bits (a second "
+              "Temp GB (XLA's temporary buffers of the compiled step: what the forward keeps for the backward, and "
+              "scratch), GPU idle, gradients against the first contender's (relative error over all of them) and same bits (a second "
               "step on the same input) are the deepest model's; the idle share is of a profiled step, its GPU time per kernel "
               "in train_model_timeline_kernels.md."]
     return "\n".join(lines) + "\n"
