@@ -35,9 +35,7 @@ def bf16_forward_weights(params):
 
 def make_step(config, lr: float, remat: bool, **path):
     def loss(params, tokens):
-        logits = models.forward(bf16_forward_weights(params), config, tokens[:, :-1], remat=remat, **path)
-        picked = jnp.take_along_axis(logits, tokens[:, 1:, None], axis=-1)[..., 0]
-        return jnp.mean(jax.nn.logsumexp(logits, axis=-1) - picked)
+        return models.next_token_loss(bf16_forward_weights(params), config, tokens, remat=remat, **path)
 
     @jax.jit
     def step(params, tokens):

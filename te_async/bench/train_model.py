@@ -1,7 +1,8 @@
 """A real model's training step: the loss and every gradient of an MoE decoder, per expert path.
 
-One step is jax.value_and_grad of the mean next-token cross-entropy (float32) of
-te_async.models.forward on --batch sequences of --seq random tokens, differentiated in every
+One step is jax.value_and_grad of te_async.models.next_token_loss (the mean next-token
+cross-entropy, float32, over logits in the model's dtype) on --batch sequences of --seq random
+tokens, differentiated in every
 parameter (embeddings, attention, norms, the router through its routing weights, the shared and
 routed experts, the LM head): what a JAX training step computes before its optimizer. The model
 is a preset's config with random weights (or --hf, a local checkpoint), cut to its first --layers
@@ -55,15 +56,11 @@ def add_arguments(p) -> None:
 
 
 def train_step(config, contender: str, remat: bool = False):
-    """The jitted step (params, tokens [B, S + 1]) -> (loss, grads): next-token cross-entropy of
-    te_async.models.forward over tokens[:, :-1]."""
+    """The jitted step (params, tokens [B, S + 1]) -> (loss, grads) of te_async.models.next_token_loss."""
     experts, mode = ("ragged_dot", None) if contender == "ragged_dot" else ("te_async", contender)
 
-    def loss(params, tokens):
-        logits = models.forward(params, config, tokens[:, :-1], group_sizes_mode=mode, experts=experts, remat=remat)
-        picked = jnp.take_along_axis(logits, tokens[:, 1:, None], axis=-1)[..., 0]
-        return jnp.mean(jax.nn.logsumexp(logits, axis=-1) - picked)
-
+    loss = lambda params, tokens: models.next_token_loss(params, config, tokens, group_sizes_mode=mode,
+                                                         experts=experts, remat=remat)
     return jax.jit(jax.value_and_grad(loss))
 
 

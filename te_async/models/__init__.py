@@ -3,6 +3,7 @@ over a params pytree, with the routed experts through te_async.grouped_mlp.
 
     params, config = load_hf(path)                       # a local Hugging Face checkpoint
     logits = forward(params, config, tokens)             # [B, S] -> [B, S, V] float32
+    loss = next_token_loss(params, config, tokens)       # a training step's loss (jax.grad it)
     tokens = generate(params, config, prompt, 32)        # greedy, KV cache
     cache = init_cache(config, batch, max_len, dtype)    # the pieces generate is made of
     logits, cache = prefill(params, config, cache, prompt)
@@ -18,15 +19,16 @@ lists the layers one by one; stack_layers stacks them back.
 Files: config.py (Config from config.json), presets.py, params.py (pytree layout, init), hf.py
 (loading), embedding.py (the lookup; a deterministic gradient), norm.py, rope.py, attention.py
 (grouped-query), mla.py (DeepSeek latent attention), cache.py, ffn.py (dense SwiGLU), routing.py,
-moe_layer.py (MoE block), model.py (forward, prefill, decode_step, generate), cost.py
-(decode_bytes, train_flops).
+moe_layer.py (MoE block), model.py (forward, next_token_loss, prefill, decode_step, generate),
+loss.py (cross_entropy), cost.py (decode_bytes, train_flops).
 """
 
 from .cache import init_cache
 from .config import MODEL_TYPES, Config, YarnScaling, from_hf_dict
 from .cost import decode_bytes, train_flops
 from .hf import load_hf
-from .model import decode_step, forward, generate, prefill
+from .loss import cross_entropy
+from .model import decode_step, forward, generate, next_token_loss, prefill
 from .moe_layer import EXPERTS
 from .params import init_params, input_projections, layer_runs, param_shapes, per_layer, stack_layers
 from .presets import PUBLISHED, preset
@@ -37,6 +39,7 @@ __all__ = [
     "PUBLISHED",
     "Config",
     "YarnScaling",
+    "cross_entropy",
     "decode_bytes",
     "decode_step",
     "forward",
@@ -47,6 +50,7 @@ __all__ = [
     "input_projections",
     "layer_runs",
     "load_hf",
+    "next_token_loss",
     "param_shapes",
     "per_layer",
     "prefill",

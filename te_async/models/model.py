@@ -1,5 +1,6 @@
-"""The decoder and its entry points: forward (whole sequence, no cache), prefill (fills a KV
-cache), decode_step (one jitted step against the cache) and greedy generate.
+"""The decoder and its entry points: forward (whole sequence, no cache), next_token_loss (what a
+training step differentiates), prefill (fills a KV cache), decode_step (one jitted step against
+the cache) and greedy generate.
 
 Layers run by runs (params.layer_runs): a run of one layer runs inline, under the named scope
 `layer{i}`; a longer run of consecutive layers of one structure is one scan over its stacked
@@ -28,6 +29,7 @@ from .attention import LayerOf, gqa_attention
 from .cache import cache_batch, cache_length, cache_shapes, init_cache
 from .config import Config
 from .embedding import embed
+from .loss import cross_entropy
 from .ffn import swiglu_mlp
 from .mla import mla_sublayer
 from .moe_layer import check_experts, moe_sublayer
@@ -123,16 +125,23 @@ def _decoder(params, cfg: Config, tokens, cache, position, group_sizes_mode, exp
     return rms_norm(x, params["final_norm"], cfg.rms_norm_eps), None if cache is None else new_cache, routing
 
 
-def _logits(params, x: jax.Array) -> jax.Array:
-    """float32 logits; the LM head is the embedding where the config ties them."""
+def _logits(params, x: jax.Array, dtype=jnp.float32) -> jax.Array:
+    """Logits in `dtype` (float32 accumulation); the LM head is the embedding where the config ties
+    them."""
     head = params.get("lm_head", params["embed"])
-    return dense.linear(x, head, transpose_w=True, preferred_element_type=jnp.float32)
+    return dense.linear(x, head, transpose_w=True, preferred_element_type=dtype)
 
 
 @functools.partial(jax.jit, static_argnames=_STATIC + ("remat",))
 def _forward(params, config, tokens, group_sizes_mode, experts, remat):
     x, _, _ = _decoder(params, config, tokens, None, None, group_sizes_mode, experts, remat=remat)
     return _logits(params, x)
+
+
+@functools.partial(jax.jit, static_argnames=_STATIC + ("remat",))
+def _next_token_loss(params, config, tokens, group_sizes_mode, experts, remat):
+    x, _, _ = _decoder(params, config, tokens[:, :-1], None, None, group_sizes_mode, experts, remat=remat)
+    return cross_entropy(_logits(params, x, x.dtype), tokens[:, 1:])
 
 
 @functools.partial(jax.jit, static_argnames=_STATIC, donate_argnames=("cache",))
@@ -240,14 +249,31 @@ def _check_tokens(tokens, config) -> jax.Array:
     return jnp.asarray(host, jnp.int32)
 
 
+def _check_remat(remat) -> None:
+    if not isinstance(remat, bool):
+        raise TypeError(f"remat must be True or False, got {remat!r}")
+
+
 def forward(params, config: Config, tokens, *, group_sizes_mode: Optional[str] = None,
             experts: str = "te_async", remat: bool = False) -> jax.Array:
     """Logits [B, S, V] float32 of a causal pass over tokens [B, S] from position 0, no cache.
     remat=True runs each decoder layer under jax.checkpoint: differentiated, a layer keeps only its
     input for the backward, which runs the layer's forward again (training memory for time)."""
-    if not isinstance(remat, bool):
-        raise TypeError(f"remat must be True or False, got {remat!r}")
+    _check_remat(remat)
     return _forward(params, config, _check_tokens(tokens, config), group_sizes_mode, experts, remat)
+
+
+def next_token_loss(params, config: Config, tokens, *, group_sizes_mode: Optional[str] = None,
+                    experts: str = "te_async", remat: bool = False) -> jax.Array:
+    """The mean cross-entropy (float32) of predicting tokens[:, 1:] from tokens[:, :-1] [B, S >= 2]:
+    what a training step differentiates. The logits stay in the hidden states' dtype (bf16 for a
+    bf16 model) and the loss is models.loss.cross_entropy, whose gradient is one elementwise pass
+    over them; cross_entropy(forward(...)) is the same loss over float32 logits."""
+    _check_remat(remat)
+    tokens = _check_tokens(tokens, config)
+    if tokens.shape[1] < 2:
+        raise ValueError(f"next_token_loss needs at least 2 tokens a sequence, got tokens {tokens.shape}")
+    return _next_token_loss(params, config, tokens, group_sizes_mode, experts, remat)
 
 
 def prefill(params, config: Config, cache: list, tokens, *, group_sizes_mode: Optional[str] = None,
