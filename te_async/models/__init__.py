@@ -3,7 +3,7 @@ over a params pytree, with the routed experts through te_async.grouped_mlp.
 
     params, config = load_hf(path)                       # a local Hugging Face checkpoint
     logits = forward(params, config, tokens)             # [B, S] -> [B, S, V] float32
-    loss = next_token_loss(params, config, tokens)       # a training step's loss (jax.grad it)
+    loss = next_token_loss(params, config, tokens, mask) # a training step's loss (jax.grad it)
     tokens = generate(params, config, prompt, 32)        # greedy, KV cache
     cache = init_cache(config, batch, max_len, dtype)    # the pieces generate is made of
     logits, cache = prefill(params, config, cache, prompt)

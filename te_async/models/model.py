@@ -139,9 +139,9 @@ def _forward(params, config, tokens, group_sizes_mode, experts, remat):
 
 
 @functools.partial(jax.jit, static_argnames=_STATIC + ("remat",))
-def _next_token_loss(params, config, tokens, group_sizes_mode, experts, remat):
+def _next_token_loss(params, config, tokens, mask, group_sizes_mode, experts, remat):
     x, _, _ = _decoder(params, config, tokens[:, :-1], None, None, group_sizes_mode, experts, remat=remat)
-    return cross_entropy(_logits(params, x, x.dtype), tokens[:, 1:])
+    return cross_entropy(_logits(params, x, x.dtype), tokens[:, 1:], None if mask is None else mask[:, 1:])
 
 
 @functools.partial(jax.jit, static_argnames=_STATIC, donate_argnames=("cache",))
@@ -263,17 +263,23 @@ def forward(params, config: Config, tokens, *, group_sizes_mode: Optional[str] =
     return _forward(params, config, _check_tokens(tokens, config), group_sizes_mode, experts, remat)
 
 
-def next_token_loss(params, config: Config, tokens, *, group_sizes_mode: Optional[str] = None,
+def next_token_loss(params, config: Config, tokens, mask=None, *, group_sizes_mode: Optional[str] = None,
                     experts: str = "te_async", remat: bool = False) -> jax.Array:
     """The mean cross-entropy (float32) of predicting tokens[:, 1:] from tokens[:, :-1] [B, S >= 2]:
-    what a training step differentiates. The logits stay in the hidden states' dtype (bf16 for a
-    bf16 model) and the loss is models.loss.cross_entropy, whose gradient is one elementwise pass
-    over them; cross_entropy(forward(...)) is the same loss over float32 logits."""
+    what a training step differentiates. mask [B, S] (bool or 0/1) marks the real tokens of
+    right-padded sequences: a prediction counts where its target is marked (the padding after a
+    sequence cannot reach its real tokens through causal attention). The logits stay in the hidden
+    states' dtype (bf16 for a bf16 model) and the loss is models.loss.cross_entropy, whose
+    gradient is one elementwise pass over them; cross_entropy(forward(...)) is the same loss over
+    float32 logits."""
     _check_remat(remat)
     tokens = _check_tokens(tokens, config)
     if tokens.shape[1] < 2:
         raise ValueError(f"next_token_loss needs at least 2 tokens a sequence, got tokens {tokens.shape}")
-    return _next_token_loss(params, config, tokens, group_sizes_mode, experts, remat)
+    mask = None if mask is None else jnp.asarray(mask)
+    if mask is not None and mask.shape != tokens.shape:
+        raise ValueError(f"next_token_loss's mask must have the tokens' shape {tokens.shape}, got {mask.shape}")
+    return _next_token_loss(params, config, tokens, mask, group_sizes_mode, experts, remat)
 
 
 def prefill(params, config: Config, cache: list, tokens, *, group_sizes_mode: Optional[str] = None,
