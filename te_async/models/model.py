@@ -268,7 +268,8 @@ def next_token_loss(params, config: Config, tokens, mask=None, *, group_sizes_mo
     """The mean cross-entropy (float32) of predicting tokens[:, 1:] from tokens[:, :-1] [B, S >= 2]:
     what a training step differentiates. mask [B, S] (bool or 0/1) marks the real tokens of
     right-padded sequences: a prediction counts where its target is marked (the padding after a
-    sequence cannot reach its real tokens through causal attention). The logits stay in the hidden
+    sequence cannot reach its real tokens through causal attention); data-parallel shards with
+    different counts of marked tokens then need their losses weighted by those counts. The logits stay in the hidden
     states' dtype (bf16 for a bf16 model) and the loss is models.loss.cross_entropy, whose
     gradient is one elementwise pass over them; cross_entropy(forward(...)) is the same loss over
     float32 logits."""
