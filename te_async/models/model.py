@@ -29,8 +29,8 @@ from .attention import LayerOf, gqa_attention
 from .cache import cache_batch, cache_length, cache_shapes, init_cache
 from .config import Config
 from .embedding import embed
-from .loss import cross_entropy
 from .ffn import swiglu_mlp
+from .loss import cross_entropy
 from .mla import mla_sublayer
 from .moe_layer import check_experts, moe_sublayer
 from .norm import rms_norm
@@ -269,10 +269,10 @@ def next_token_loss(params, config: Config, tokens, mask=None, *, group_sizes_mo
     what a training step differentiates. mask [B, S] (bool or 0/1) marks the real tokens of
     right-padded sequences: a prediction counts where its target is marked (the padding after a
     sequence cannot reach its real tokens through causal attention); data-parallel shards with
-    different counts of marked tokens then need their losses weighted by those counts. The logits stay in the hidden
-    states' dtype (bf16 for a bf16 model) and the loss is models.loss.cross_entropy, whose
-    gradient is one elementwise pass over them; cross_entropy(forward(...)) is the same loss over
-    float32 logits."""
+    different counts of marked tokens then need their losses weighted by those counts. The logits
+    stay in the hidden states' dtype (bf16 for a bf16 model) and the loss is
+    models.loss.cross_entropy, whose gradient is one elementwise pass over them;
+    cross_entropy(forward(...)) is the same loss over float32 logits."""
     _check_remat(remat)
     tokens = _check_tokens(tokens, config)
     if tokens.shape[1] < 2:
