@@ -5,7 +5,8 @@ pick into a scatter into a float32 zero array of the logits' shape ([4096, 10240
 DeepSeek-V2-Lite sequence: 1.7 GB). Here the label's logit is picked by comparison with the
 vocabulary index, so the gradient of the logits is softmax - one-hot, elementwise, in the logits'
 dtype; the logits may stay in the model's dtype (transformers computes them in bf16 too) while the
-softmax's sums are float32 either way. What this saves in a GPU step is not measured yet.
+softmax's sums are float32 either way. On one H100 it took 0.66 ms off DeepSeek-V2-Lite's
+4-layer training step at 4096 tokens (docs/benchmarks.md, table TM4).
 """
 
 from typing import Optional
