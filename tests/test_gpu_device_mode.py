@@ -162,6 +162,17 @@ def test_cutlass_kernel_prefill_like(rng, kind):
     check(rng, jnp.bfloat16, 64, 6144, 1024, 1408, "m", False, kind, expect_kernel="cutlass_sm90")
 
 
+@pytest.mark.parametrize("kind", SIZE_KINDS)
+@pytest.mark.parametrize("groups", [1, 7, 64, 255])
+def test_cutlass_wgrad_long_k(rng, kind, groups):
+    """Ragged k with K of several 128- and 256-row tiles and a partial last one, odd group
+    counts (each of the GEMM's tiles is a K x N block of a group's output)."""
+    skip_without_cutlass()
+    k = 8 * int(rng.integers(33, 200))
+    check(rng, jnp.bfloat16, groups, int(rng.integers(1, 5000)), k, 8 * int(rng.integers(1, 40)), "k", False, kind,
+          expect_kernel="cutlass_sm90")
+
+
 @pytest.mark.parametrize("ragged,transpose_rhs", FORMS)
 def test_portable_kernel_f32_output(rng, ragged, transpose_rhs):
     check(rng, jnp.bfloat16, 32, 1500, 128, 96, ragged, transpose_rhs, "skewed", expect_kernel="portable",
