@@ -165,8 +165,8 @@ def test_cutlass_kernel_prefill_like(rng, kind):
 @pytest.mark.parametrize("kind", SIZE_KINDS)
 @pytest.mark.parametrize("groups", [1, 7, 64, 255])
 def test_cutlass_wgrad_long_k(rng, kind, groups):
-    """Ragged k with K of several 128- and 256-row tiles and a partial last one, odd group
-    counts (each of the GEMM's tiles is a K x N block of a group's output)."""
+    """Ragged k (the weight gradient, out [G, K, N]) with K = 264-1592: several rows of 128- and
+    256-row tiles and a partial last one; odd group counts."""
     skip_without_cutlass()
     k = 8 * int(rng.integers(33, 200))
     check(rng, jnp.bfloat16, groups, int(rng.integers(1, 5000)), k, 8 * int(rng.integers(1, 40)), "k", False, kind,
