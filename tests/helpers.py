@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from reference import SIZE_KINDS, random_group_sizes
-from te_async.bench.lowered import allocated_buffers, row_scatter_adds  # noqa: F401 (the tests import them from here)
+from te_async.bench.lowered import allocated_buffers, cuda_stablehlo, row_scatter_adds  # noqa: F401 (the tests import them from here)
 
 # grouped_gemm against float64. Inputs are rounded to their dtype before the reference sees them
 # and every backend accumulates in float32, so the only error left is the accumulation order (f32)

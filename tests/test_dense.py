@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from te_async import dense
-from helpers import TOL, on_gpu, small_groups_slices
+from helpers import TOL, cuda_stablehlo, on_gpu, small_groups_slices
 from reference import rel_error
 
 LIMIT = dense.MAX_ROWS
@@ -83,7 +83,7 @@ def test_auto_rule(rows, k, n, dtype, kernel):
     x, w = jnp.zeros((rows, k), dtype), jnp.zeros((k, n), dtype)
 
     def lowered():
-        return jax.jit(lambda x, w: dense.linear(x, w)).trace(x, w).lower(lowering_platforms=("cuda",)).as_text()
+        return cuda_stablehlo(lambda x, w: dense.linear(x, w), x, w)
 
     text = lowered()
     assert ("te_async_dense_gemm" in text) == (kernel != "xla")

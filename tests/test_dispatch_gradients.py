@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import te_async
-from helpers import allocated_buffers, bf16_bits, moe_params, random_top_k, row_scatter_adds
+from helpers import allocated_buffers, bf16_bits, cuda_stablehlo, moe_params, random_top_k, row_scatter_adds
 from reference import rel_error
 from te_async.moe import moe_block
 from te_async.routing import combine, dispatch_rows, plan_dispatch, sum_rows, weights_by_row
@@ -98,7 +98,7 @@ def test_moe_block_gradient_scatters_no_rows(rng, mode):
     p = {k: v.astype(jnp.bfloat16) for k, v in moe_params(rng, experts, hidden, ffn).items()}
     x = jnp.asarray(rng.standard_normal((tokens, hidden)), jnp.bfloat16)
     loss = lambda x, p: jnp.sum(moe_block(x, **p, top_k=top_k, group_sizes_mode=mode).astype(jnp.float32))
-    lowered = jax.jit(jax.grad(loss, argnums=(0, 1))).trace(x, p).lower(lowering_platforms=("cuda",)).as_text()
+    lowered = cuda_stablehlo(jax.grad(loss, argnums=(0, 1)), x, p)
     assert "te_async_grouped_gemm" in lowered
     assert not row_scatter_adds(lowered, hidden)
 
@@ -131,7 +131,7 @@ def test_combine_keeps_the_rows_not_a_float32_copy(rng):
     x = jnp.asarray(rng.standard_normal((tokens, hidden)), jnp.bfloat16)
     step = lambda c, w: (combine(jnp.tanh(dispatch_rows(c, dispatch)), dispatch, w), None)
     loss = lambda x, w: jnp.sum(te_async.scan(step, x, w)[0].astype(jnp.float32))
-    lowered = jax.jit(jax.grad(loss, argnums=(0, 1))).trace(x, weights).lower(lowering_platforms=("cuda",)).as_text()
+    lowered = cuda_stablehlo(jax.grad(loss, argnums=(0, 1)), x, weights)
     stacked = allocated_buffers(lowered)
     assert f"{layers}x{tokens * top_k}x{hidden}xbf16" in stacked
     assert not [s for s in stacked if s.endswith("f32") and s != f"{layers}x{tokens}x{top_k}xf32"]
@@ -150,7 +150,7 @@ def test_shapes_that_do_not_fit_the_dispatch_are_refused(rng):
 def test_text_without_any_scatter_is_refused_not_read_as_no_adds():
     """row_scatter_adds' guard: a lowering with no scatter at all (or a pattern that stopped
     matching) raises, where an empty list would pass every "no adds" check."""
-    lowered = jax.jit(lambda x: x * 2).trace(jnp.ones((4, 8))).lower(lowering_platforms=("cuda",)).as_text()
+    lowered = cuda_stablehlo(lambda x: x * 2, jnp.ones((4, 8)))
     with pytest.raises(ValueError, match="no scatter in the text"):
         row_scatter_adds(lowered, 8)
     assert allocated_buffers(lowered) == []

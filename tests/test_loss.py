@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from helpers import cuda_stablehlo
 from reference import rel_error
 from te_async import models
 from te_async.bench import presets
@@ -54,7 +55,7 @@ def test_cross_entropy_gradient_has_no_scatter():
     """Lowered for a GPU, the gradient is elementwise; the take_along_axis spelling's is a scatter
     into a float32 array of the logits' shape (what the test looks for exists)."""
     logits, labels = jnp.zeros((4, 6, 32), jnp.bfloat16), jnp.zeros((4, 6), jnp.int32)
-    lower = lambda f: jax.jit(jax.grad(f)).trace(logits, labels).lower(lowering_platforms=("cuda",)).as_text()
+    lower = lambda f: cuda_stablehlo(jax.grad(f), logits, labels)
 
     def take_along_axis(logits, labels):
         z = logits.astype(jnp.float32)

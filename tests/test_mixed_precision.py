@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from helpers import cuda_stablehlo
 from reference import rel_error
 from te_async import dense, mixed_precision, models
 from te_async.bench import presets
@@ -77,7 +78,7 @@ def test_dense_linear_gradient_runs_bf16_gemms():
         wk = w.T if kw.get("transpose_w") else w
         xk = jnp.ones((64, 64), jnp.bfloat16) if kw.get("swiglu_input") else x
         loss = lambda x, w: jnp.sum(dense.linear(x, w, preferred_element_type=jnp.float32, **kw) ** 2)
-        lowered = jax.jit(jax.grad(loss, argnums=(0, 1))).trace(xk, wk).lower(lowering_platforms=("cuda",)).as_text()
+        lowered = cuda_stablehlo(jax.grad(loss, argnums=(0, 1)), xk, wk)
         assert len(DOT.findall(lowered)) == 3 and not _float32_dots(lowered), kw
 
 
@@ -91,7 +92,7 @@ def test_bf16_model_training_gradient_has_float32_gemms_only_at_the_router(rng):
     params = models.init_params(config, jax.random.key(0), jnp.bfloat16)
     tokens = jnp.asarray(rng.integers(0, config.vocab_size, (2, 5)), jnp.int32)
     loss = lambda p: jnp.mean(models.forward(p, config, tokens))
-    lowered = jax.jit(jax.grad(loss)).trace(params).lower(lowering_platforms=("cuda",)).as_text()
+    lowered = cuda_stablehlo(jax.grad(loss), params)
     assert len(DOT.findall(lowered)) > 20
     assert _float32_dots(lowered)  # the router's: what the test looks for exists
     for lhs, rhs in _float32_dots(lowered):

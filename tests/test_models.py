@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import te_async.models as models
-from helpers import allocated_buffers, four_device_mesh, row_scatter_adds, sgd_losses
+from helpers import allocated_buffers, cuda_stablehlo, four_device_mesh, row_scatter_adds, sgd_losses
 from reference import rel_error
 from te_async.models.mla import softmax_scale
 from te_async.models.moe_layer import moe_block
@@ -238,7 +238,7 @@ def test_forward_gradients_through_te_async_scan(name):
     for (path, ours), ref in zip(paths, jax.tree.leaves(grad(params, True))):
         assert float(jnp.max(jnp.abs(ref))) > 0, path
         assert rel_error(ours, ref) < 1e-4, path
-    lowered = jax.jit(jax.grad(lambda p: loss(p, False))).trace(params).lower(lowering_platforms=("cuda",)).as_text()
+    lowered = cuda_stablehlo(jax.grad(lambda p: loss(p, False)), params)
     fills = re.findall(rf"broadcast_in_dim %\S+, dims = \[\] : \(tensor<\w+>\) -> tensor<{layers}x", lowered)
     stacks = [shape for shape in allocated_buffers(lowered) if shape.startswith(f"{layers}x")]
     assert not fills and len(stacks) >= len(jax.tree.leaves(params["layers"][-1]))
@@ -274,7 +274,7 @@ def test_remat_keeps_each_layers_input_alone(name):
         assert rel_error(ours, ref) < 1e-5
     layers = models.layer_runs(config)[-1][1]
     weights = {"x".join(map(str, a.shape)) + "xf32" for a in jax.tree.leaves(params["layers"][-1])}
-    lowered = jax.jit(jax.grad(lambda p: loss(p, True))).trace(params).lower(lowering_platforms=("cuda",)).as_text()
+    lowered = cuda_stablehlo(jax.grad(lambda p: loss(p, True)), params)
     stacks = set(allocated_buffers(lowered)) - weights
     assert stacks == {f"{layers}x{tokens.shape[0]}x{tokens.shape[1]}x{config.hidden_size}xf32"}, stacks
     with pytest.raises(TypeError, match="remat must be True or False"):
@@ -323,7 +323,7 @@ def test_training_gradient_adds_no_rows_by_scatter(name):
     (te_async.models.embedding)."""
     config, params, tokens, _ = make_model(name)
     loss = lambda p: jnp.sum(models.forward(p, config, jnp.asarray(tokens)) ** 2)
-    lowered = jax.jit(jax.grad(loss)).trace(params).lower(lowering_platforms=("cuda",)).as_text()
+    lowered = cuda_stablehlo(jax.grad(loss), params)
     assert "te_async_grouped_gemm" in lowered and not row_scatter_adds(lowered, config.hidden_size)
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import te_async
-from helpers import allocated_buffers, four_device_mesh, mlp_layer_stack
+from helpers import allocated_buffers, cuda_stablehlo, four_device_mesh, mlp_layer_stack
 from reference import rel_error
 
 
@@ -172,7 +172,7 @@ def test_gradient_for_the_gpu_fills_no_stack(rng):
     lowered = {}
     for name, scan in (("lax", jax.lax.scan), ("te_async", te_async.scan)):
         f = jax.jit(jax.grad(lambda x, w: jnp.sum(scan(step, x, w)[0] ** 2), argnums=(0, 1)))
-        lowered[name] = f.trace(x, w).lower(lowering_platforms=("cuda",)).as_text()
+        lowered[name] = cuda_stablehlo(f, x, w)
     stacked_w, stacked_rows = f"{layers}x{hidden}x{hidden}xf32", f"{layers}x{rows}x{hidden}xf32"
     assert _scalar_fills(lowered["lax"], stacked_w) == 1 and _scalar_fills(lowered["lax"], stacked_rows) >= 1
     assert _scalar_fills(lowered["te_async"], stacked_w) == 0 and _scalar_fills(lowered["te_async"], stacked_rows) == 0
@@ -198,7 +198,7 @@ def test_closed_over_values_are_passed_not_stacked(rng):
     grads = _gradients(loss, argnums=(0, 1, 2, 3))
     for ours, ref in zip(grads["te_async"](x, w1, w2, scale, gs), grads["lax"](x, w1, w2, scale, gs)):
         assert rel_error(ours, ref) < 1e-5
-    lowered = grads["te_async"].trace(x, w1, w2, scale, gs).lower(lowering_platforms=("cuda",)).as_text()
+    lowered = cuda_stablehlo(grads["te_async"], x, w1, w2, scale, gs)
     allocated = allocated_buffers(lowered)
     assert f"{layers}x{rows}x{hidden}xf32" in allocated and f"{layers}x{groups}xi32" not in allocated
 
@@ -224,7 +224,7 @@ def test_residuals_that_do_not_change_are_computed_once(rng):
     grads = _gradients(loss, argnums=(0, 1, 2))
     for ours, ref in zip(grads["te_async"](x, w, freq), grads["lax"](x, w, freq)):
         assert float(jnp.max(jnp.abs(ref))) > 0 and rel_error(ours, ref) < 1e-5
-    lowered = grads["te_async"].trace(x, w, freq).lower(lowering_platforms=("cuda",)).as_text()
+    lowered = cuda_stablehlo(grads["te_async"], x, w, freq)
     allocated = allocated_buffers(lowered)
     assert f"{layers}x{rows}x{hidden}xf32" in allocated  # the carry and the tanh: they change
     assert f"{layers}x{rows}x{rows}xf32" not in allocated

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import te_async
-from helpers import allocated_buffers
+from helpers import allocated_buffers, cuda_stablehlo
 from te_async import models
 from te_async.bench import presets
 from te_async.decode_attention import attend, causal_mask
@@ -23,7 +23,7 @@ def _stacks(step, carry, xs) -> list:
     """The stacked residuals of jax.grad of sum(scan(step)) with respect to carry and xs."""
     loss = lambda c, x: jnp.sum(te_async.scan(step, c, x)[0].astype(jnp.float32))
     grad = jax.jit(jax.grad(loss, argnums=(0, 1)))
-    return allocated_buffers(grad.trace(carry, xs).lower(lowering_platforms=("cuda",)).as_text())
+    return allocated_buffers(cuda_stablehlo(grad, carry, xs))
 
 
 def _bf16(rng, *shape):
@@ -71,7 +71,7 @@ def test_bf16_model_keeps_no_attention_probabilities_and_one_float32_row_stack(r
     batch, seq = 2, 24
     tokens = jnp.asarray(rng.integers(0, config.vocab_size, (batch, seq)), jnp.int32)
     loss = lambda p: jnp.mean(models.forward(p, config, tokens))
-    stacks = allocated_buffers(jax.jit(jax.grad(loss)).trace(params).lower(lowering_platforms=("cuda",)).as_text())
+    stacks = allocated_buffers(cuda_stablehlo(jax.grad(loss), params))
     assert len(stacks) > 20
     assert not [s for s in stacks if f"x{seq}x{seq}x" in s or s.endswith(f"x{seq}x{seq}xf32")], stacks
     rows = [s for s in stacks if s.endswith("f32") and np.prod([int(d) for d in s[:-4].split("x")]) >=

@@ -35,7 +35,7 @@ def main() -> None:
     config = presets.config(args.preset, num_hidden_layers=args.layers)
     params = jax.eval_shape(lambda k: models.init_params(config, k, jnp.bfloat16), jax.random.key(0))
     tokens = jax.ShapeDtypeStruct((1, args.seq + 1), jnp.int32)
-    text = train_model.train_step(config, args.contender).trace(params, tokens).lower(lowering_platforms=("cuda",)).as_text()
+    text = lowered.cuda_stablehlo(train_model.train_step(config, args.contender), params, tokens)
 
     weight_shapes = {tuple(a.shape) for run in params["layers"] for a in jax.tree.leaves(run)}
     stacked = collections.Counter()

@@ -1,11 +1,20 @@
-"""Reading a step lowered to StableHLO text (`jax.jit(f).trace(...).lower(...).as_text()`): the
+"""A step lowered to StableHLO text for a GPU (cuda_stablehlo), and what to read in it: the
 scatters that add float rows and the buffers te_async.scan stacks into. tools/train_lowering.py
 counts them for a model's training step; the tests check them per path."""
 
 import re
 
+import jax
+
 _SCATTER = re.compile(r'"stablehlo\.scatter"(.*?)\}\) : \([^)]*\) -> tensor<([0-9x]+)x(\w+)>', re.DOTALL)
 _ALLOCATED = re.compile(r"custom_call @AllocateBuffer\(\) : \(\) -> tensor<([0-9x]+\w+)>")
+
+
+def cuda_stablehlo(fn, *args) -> str:
+    """fn traced on args (jitted here unless it is a jitted function already) and lowered for a
+    GPU, as StableHLO text: what the GPU would compile, read on any machine."""
+    traced = fn if hasattr(fn, "trace") else jax.jit(fn)
+    return traced.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
 
 
 def row_scatter_adds(stablehlo: str, width: int) -> list:
