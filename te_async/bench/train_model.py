@@ -2,14 +2,14 @@
 
 One step is jax.value_and_grad of te_async.models.next_token_loss (the mean next-token
 cross-entropy, float32, over logits in the model's dtype) on --batch sequences of --seq random
-tokens, differentiated in every
-parameter (embeddings, attention, norms, the router through its routing weights, the shared and
-routed experts, the LM head): what a JAX training step computes before its optimizer. The model
-is a preset's config with random weights (or --hf, a local checkpoint), cut to its first --layers
-decoder layers. Contenders differ only in the routed experts: te_async.grouped_mlp in each
-group_sizes_mode (device, sync, async), and jax.lax.ragged_dot (the models' experts="ragged_dot",
-what plain JAX offers). Each is checked against the first (its loss, and its gradients' relative
-error), and for determinism: a second step on the same input must give the same gradient bits.
+tokens, differentiated in every parameter (embeddings, attention, norms, the router through its
+routing weights, the shared and routed experts, the LM head): what a JAX training step computes
+before its optimizer. The model is a preset's config with random weights (or --hf, a local
+checkpoint), cut to its first --layers decoder layers. Contenders differ only in the routed experts:
+te_async.grouped_mlp in each group_sizes_mode (device, sync, async), and jax.lax.ragged_dot (the
+models' experts="ragged_dot", what plain JAX offers). Each is checked against the first (its loss,
+and its gradients' relative error), and for determinism: a second step on the same input must give
+the same gradient bits.
 
 Per contender and depth: the step's wall clock (median of back-to-back steps) and GPU busy time
 (the profiler's kernel time), the GB of temporary buffers XLA's compiled step allocates (its
