@@ -17,10 +17,12 @@ for v in base var; do
 done
 wait; tail -n 1 $R/build_*.log; echo "=== $(date +%T) built at $((SECONDS - T0)) s"
 for v in base var; do mkdir -p /tmp/$v && python3 -c "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])" $OUT/$v/te_async-*.whl /tmp/$v || exit 1; done
+(cd / && PYTHONPATH=/tmp/base TE_ASYNC_POISON_OUTPUTS=1 XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 200 python3 -P -m pytest -q -n 2 -p no:cacheprovider \
+  --rootdir=$OLDPWD -k "wgrad_long_k" $OLDPWD/tests/test_gpu_device_mode.py > $R/tests_base.log 2>&1; echo "pytest rc $?" >> $R/tests_base.log) &
 (cd / && PYTHONPATH=/tmp/var TE_ASYNC_POISON_OUTPUTS=1 XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 200 python3 -P -m pytest -q -n 8 -p no:cacheprovider \
   --rootdir=$OLDPWD -k "cutlass or random_shapes or clamped or wgrad" $OLDPWD/tests/test_gpu_device_mode.py $OLDPWD/tests/test_grouped_mlp.py \
   $OLDPWD/tests/test_ragged_dot.py) > $R/tests_var.log 2>&1
-echo "pytest rc $?" >> $R/tests_var.log; tail -2 $R/tests_var.log; echo "=== $(date +%T) var tests at $((SECONDS - T0)) s"; save
+echo "pytest rc $?" >> $R/tests_var.log; wait; tail -2 $R/tests_var.log $R/tests_base.log; echo "=== $(date +%T) var tests at $((SECONDS - T0)) s"; save
 M=gpu__time_duration.sum,sm__cycles_active.min,sm__cycles_active.avg,sm__cycles_active.max,dram__bytes_read.sum,dram__bytes_write.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__throughput.avg.pct_of_peak_sustained_elapsed
 prof() {  # prof <variant> <gemm:split>
   (cd / && PYTHONPATH=/tmp/$1 XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 60 ncu --clock-control none \
