@@ -1,13 +1,11 @@
 #!/bin/bash
 # One device call (carry .gpubuild/s58: 5180726 built with CUTLASS for 90a-real in stop 58's first
-# call, the C++ of main): the zero-fill probe, then main's training and B=1 decode figures on this
-# GPU. Everything in $OUT/call.tgz, saved after each stage.
+# call, the C++ of main): main's training and B=1 decode figures on this GPU, then GPU tests.
+# Everything in $OUT/call.tgz, saved after each stage.
 set -u
 R=/tmp/r; mkdir -p $R; T0=$SECONDS; S=$PWD
 save() { tar czf $OUT/call.tgz -C $R .; }
 { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader; python3 -c "import jax; print('jax', jax.__version__)"; git rev-parse HEAD; git status --short; } > $R/gpu.txt
-nvcc -O3 -arch=sm_90a docs/results/2026-12-06-h200-stop58/zero_fill_probe.cu -o /tmp/zfp && { /tmp/zfp 162; /tmp/zfp 70 100000; } > $R/zero_fill.txt 2>&1
-cat $R/zero_fill.txt; echo "=== $(date +%T) probe at $((SECONDS - T0)) s"; save
 mkdir -p /tmp/w && python3 -c "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall('/tmp/w')" .gpubuild/s58/te_async-*.whl || exit 1
 b() { (cd / && PYTHONPATH=/tmp/w timeout $1 python3 -P -m te_async.bench "${@:2}") ; }
 for i in 1 2; do
