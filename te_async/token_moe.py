@@ -11,13 +11,6 @@ routing runs, the routed blocks once it is done; token_ffn's second kernel sums 
 partials and adds the residual. All three are one FFI call. Expert ids and weights stay on the
 GPU, so a step stays one CUDA graph.
 
-`prefetch`: at one token a decoder layer is a chain of calls, each of whose first kernel starts
-cold, after a graph edge, and reads its weights from DRAM before it can do anything (the next
-layer's attention call: its input projections, 15 MB at DeepSeek-V2-Lite's shapes). The call's
-last kernel, which sums a few MB of partials while the DRAM idles, asks the L2 for up to 24 MiB
-of the array passed here (csrc/cuda/token_ffn.cu, kMaxPrefetchBytes); the models pass the next
-layer's input projections where the layers are written out. It changes no value.
-
 The arithmetic is the unfused path's: the norm in float32 (Norm.round_first says which rounding,
 transformers' or te_async.mlp.normalize's), the router logits in float32 from the normalised x as
 rounded to x's dtype, the routing of te_async.routing (softmax, group-limited top-k,
@@ -85,13 +78,10 @@ def applies(x: jax.Array, norm: Norm, router: Router, w_fc1: jax.Array, w_fc2: j
 
 
 def token_moe(x: jax.Array, norm: Norm, router: Router, w_fc1: jax.Array, w_fc2: jax.Array,
-              shared: Optional[token_ffn.Shared] = None, *, residual: bool = False,
-              prefetch: Optional[jax.Array] = None) -> tuple:
+              shared: Optional[token_ffn.Shared] = None, *, residual: bool = False) -> tuple:
     """x [1, H] -> (y [1, H] in x's dtype, Routing of the token), where with xn = norm(x)
     y = (x if residual else 0) + sum_c weights[c] * expert_{experts[c]}(xn) + shared(xn), the
-    experts and weights routed from xn (router.reads_normed) or x. Call it where applies() holds.
-    prefetch: an array that the next call reads first, for the L2 to fetch as this call ends
-    (module docstring); not read, no gradient."""
+    experts and weights routed from xn (router.reads_normed) or x. Call it where applies() holds."""
     if x.ndim != 2 or x.shape[0] != 1:
         raise ValueError(f"x must be [1, H] (one token), got {x.shape}")
     if shared is not None and shared.scale is not None:
@@ -104,8 +94,7 @@ def token_moe(x: jax.Array, norm: Norm, router: Router, w_fc1: jax.Array, w_fc2:
     static = _Static(float(norm.eps), bool(norm.round_first), int(router.top_k), bool(router.renormalize),
                      float(router.scaling), int(router.n_group), int(router.topk_group), bool(router.reads_normed),
                      bool(residual))
-    prefetch = jnp.zeros((0,), jnp.uint8) if prefetch is None else jax.lax.stop_gradient(prefetch)
-    y, weights, experts = _token_moe(x, norm.scale, router.weight, w_fc1, w_fc2, shared, prefetch, static)
+    y, weights, experts = _token_moe(x, norm.scale, router.weight, w_fc1, w_fc2, shared, static)
     return y, Routing(weights, experts)
 
 
@@ -117,8 +106,7 @@ def _normalize(x, scale, s: _Static):
     return normalize(x, scale, None, "rmsnorm", s.eps)
 
 
-def _reference(x, scale, router, w_fc1, w_fc2, shared, prefetch, s: _Static):
-    del prefetch  # a hint to the GPU's L2
+def _reference(x, scale, router, w_fc1, w_fc2, shared, s: _Static):
     xn = _normalize(x, scale, s)
     logits = jnp.dot(_held(xn if s.reads_normed else x, x.dtype), router.astype(jnp.float32))
     routing = route_reference(logits, s.top_k, renormalize=s.renormalize, scaling=s.scaling, n_group=s.n_group,
@@ -143,36 +131,34 @@ def _held(a, dtype):
     return jax.lax.reduce_precision(a.astype(jnp.float32), info.nexp, info.nmant)
 
 
-def _kernel(x, scale, router, w_fc1, w_fc2, shared, prefetch, s: _Static):
+def _kernel(x, scale, router, w_fc1, w_fc2, shared, s: _Static):
     h = x.shape[1]
     w_gate_up, w_down = ((jnp.zeros((h, 0), x.dtype), jnp.zeros((0, h), x.dtype)) if shared is None
                          else (shared.w_gate_up, shared.w_down))
     units, out = token_ffn.plan_call(x, s.top_k, w_fc2.shape[1], w_down.shape[0])
     routing = (jax.ShapeDtypeStruct((1, s.top_k), jnp.float32), jax.ShapeDtypeStruct((1, s.top_k), jnp.int32))
     y, _, weights, experts = jax.ffi.ffi_call(TOKEN_MOE, out + routing)(
-        x, scale, router, w_fc1, w_fc2, w_gate_up, w_down, prefetch, units=units, top_k=s.top_k, n_group=s.n_group,
+        x, scale, router, w_fc1, w_fc2, w_gate_up, w_down, units=units, top_k=s.top_k, n_group=s.n_group,
         topk_group=s.topk_group, renormalize=s.renormalize, scaling=np.float32(s.scaling), eps=np.float32(s.eps),
         round_first=s.round_first, router_reads_normed=s.reads_normed, residual=s.residual)
     return y, weights, experts
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(7,))
-def _token_moe(x, scale, router, w_fc1, w_fc2, shared, prefetch, s):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
+def _token_moe(x, scale, router, w_fc1, w_fc2, shared, s):
     # The kernels where the call is lowered for a GPU; elsewhere the reference.
-    return jax.lax.platform_dependent(x, scale, router, w_fc1, w_fc2, shared, prefetch,
-                                      cuda=functools.partial(_kernel, s=s), default=functools.partial(_reference, s=s))
+    return jax.lax.platform_dependent(x, scale, router, w_fc1, w_fc2, shared, cuda=functools.partial(_kernel, s=s),
+                                      default=functools.partial(_reference, s=s))
 
 
-def _token_moe_fwd(x, scale, router, w_fc1, w_fc2, shared, prefetch, s):
-    args = (x, scale, router, w_fc1, w_fc2, shared)
-    return _token_moe(*args, prefetch, s), (args, prefetch)
+def _token_moe_fwd(x, scale, router, w_fc1, w_fc2, shared, s):
+    return _token_moe(x, scale, router, w_fc1, w_fc2, shared, s), (x, scale, router, w_fc1, w_fc2, shared)
 
 
-def _token_moe_bwd(s, residuals, cotangents):
-    args, prefetch = residuals
+def _token_moe_bwd(s, args, cotangents):
     dy, d_weights, _ = cotangents
-    value = lambda *a: _reference(*a, prefetch, s)[:2]
-    return (*jax.vjp(value, *args)[1]((dy, d_weights)), jnp.zeros_like(prefetch))
+    value = lambda *a: _reference(*a, s)[:2]
+    return jax.vjp(value, *args)[1]((dy, d_weights))
 
 
 _token_moe.defvjp(_token_moe_fwd, _token_moe_bwd)

@@ -4,8 +4,6 @@ the two kernels, with poisoned outputs in gpu_check.sh's runs): both norm roundi
 x or on norm(x), plain, renormalised and group-limited top-k, DeepSeek's scaling, shared experts,
 sizes whose blocks leave tails, bf16 and f16; moe_block's and the models' use of it; the errors."""
 
-import re
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -95,13 +93,12 @@ def case_id(c):
     return "-".join(f"{k}{v}" for k, v in c.items())
 
 
-def run(args, residual=False, device=None, prefetch=None):
+def run(args, residual=False, device=None):
     """token_moe jitted over the arrays of args (Norm and Router hold static numbers too)."""
     x, norm, router, w_fc1, w_fc2, shared = args
-    fn = jax.jit(lambda x, scale, weight, w_fc1, w_fc2, shared, prefetch: token_moe.token_moe(
-        x, norm._replace(scale=scale), router._replace(weight=weight), w_fc1, w_fc2, shared, residual=residual,
-        prefetch=prefetch))
-    arrays = (x, norm.scale, router.weight, w_fc1, w_fc2, shared, prefetch)
+    fn = jax.jit(lambda x, scale, weight, w_fc1, w_fc2, shared: token_moe.token_moe(
+        x, norm._replace(scale=scale), router._replace(weight=weight), w_fc1, w_fc2, shared, residual=residual))
+    arrays = (x, norm.scale, router.weight, w_fc1, w_fc2, shared)
     if device is not None:
         arrays = jax.device_put(arrays, device)
     return fn(*arrays), fn.lower(*arrays).as_text()
@@ -196,41 +193,6 @@ def test_kernels_against_float64(rng, case, dtype):
     # The residual inside the kernel rounds as x + y in x's dtype does.
     (y, _), _ = run(args, residual=True)
     np.testing.assert_array_equal(np.asarray(y), np.asarray(args[0] + got[0]))
-
-
-@pytest.mark.gpu
-def test_prefetch_changes_nothing(rng):
-    """The prefetch operand, of any size (6 bytes, less than a 16-byte chunk a block; 15 MB, the
-    next layer's input projections of DeepSeek-V2-Lite; 26 MiB, past the 24 MiB the kernel asks
-    for), leaves every output bit as it is without one, and is an operand of the call."""
-    args = make(rng, **CASES[0])
-    (y, routing), _ = run(args, residual=True)
-    for shape in [(3,), (2048, 3648), (13 << 20,)]:
-        (y_p, routing_p), hlo = run(args, residual=True, prefetch=jnp.ones(shape, jnp.bfloat16))
-        assert re.search(r"custom_call @%s\(.*tensor<%sxbf16>" % (token_moe.TOKEN_MOE, "x".join(map(str, shape))), hlo)
-        for got, want in ((y_p, y), (routing_p.weights, routing.weights), (routing_p.experts, routing.experts)):
-            assert np.array_equal(np.asarray(got), np.asarray(want)), shape
-
-
-@pytest.mark.gpu
-def test_models_decode_prefetches_next_layer():
-    """A bf16 DeepSeek-V2 decode step at one token with its layers written out: each MoE layer's
-    token_moe call gets the next layer's input projections to prefetch, the last one nothing."""
-    from test_models import config_of, random_params
-    import te_async.models as models
-    from te_async.models.model import _decode_step
-
-    config = config_of("deepseek_v2_scan")  # layer 0 dense, then 3 MoE layers
-    to_bf16 = lambda path, a: a if path[-1].key == "router" else a.astype(jnp.bfloat16)
-    params = jax.tree_util.tree_map_with_path(to_bf16, random_params(config))
-    cache = models.init_cache(config, 1, 16, jnp.bfloat16)
-    hlo = _decode_step.lower(params, config, cache, jnp.zeros((1, 1), jnp.int32), jnp.int32(3), group_sizes_mode="device",
-                             experts="te_async", return_routing=False, unroll=True).as_text()
-    calls = [line for line in hlo.splitlines() if f"custom_call @{token_moe.TOKEN_MOE}(" in line]
-    w_in = "x".join(map(str, params["layers"][1]["attn"]["w_in"].shape[1:]))
-    assert len(calls) == 3
-    assert [f"tensor<{w_in}xbf16>) ->" in line for line in calls] == [True, True, False]
-    assert "tensor<0xui8>) ->" in calls[-1]
 
 
 @pytest.mark.gpu

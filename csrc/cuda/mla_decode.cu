@@ -37,7 +37,6 @@
 #include "cuda/cuda_check.h"
 #include "cuda/handlers.h"
 #include "cuda/mla_decode.h"
-#include "cuda/vector_loads.cuh"
 #include "debug_flags.h"
 
 namespace te_async {
@@ -85,6 +84,10 @@ struct MlaArgs {
   bf16* out;         // [B, T, H, 128]
 };
 constexpr int kPartialRow = kLatent + 2;
+
+__device__ __forceinline__ void PrefetchL2(const void* p, unsigned bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
+}
 
 // acc + sum of x[i] y[i] over 8 bf16 pairs.
 __device__ __forceinline__ float Dot8(const uint4& x, const uint4& y, float acc) {

@@ -44,10 +44,7 @@
 // dtype and, in the MoE call, adds the residual x. It is a programmatic dependent of
 // TokenFfnKernel (compute capability 9.0 and up), so its blocks are resident and have read x when
 // the last expert block ends. It replaced XLA's sum and its convert-and-add: about as fast, one
-// kernel fewer (docs/benchmarks.md, table UN's notes). In token_moe it also asks the L2 for the
-// call's prefetch operand (the next layer's first weights, te_async/token_moe.py) once it has read
-// the partials: the DRAM is idle while it sums, and the next call's first kernel, which a graph
-// edge keeps from starting before this one ends, then finds its weights on chip or on their way. A sum inside TokenFfnKernel, by
+// kernel fewer (docs/benchmarks.md, table UN's notes). A sum inside TokenFfnKernel, by
 // the last block of each group of items and then the last group, measured slower than XLA's
 // (46.8 against 39.0 us a layer in the whole model's B=1 step).
 // An expert id outside [0, E) cannot be raised inside a graph: that item's row of out is NaN, so
@@ -130,13 +127,7 @@ struct ReduceArgs {
   void* out;                 // [H], x's dtype
   int items, hidden;
   bool residual;
-  const char* prefetch;      // bytes for the L2 to fetch once the partials are read (token_moe's prefetch)
-  long long prefetch_bytes;  // a multiple of 16, at most kMaxPrefetchBytes
 };
-
-// At most this much of token_moe's prefetch operand is fetched: half an H100's or H200's 50 MB L2, so
-// that the bytes are still there when the next call's first kernel reads them.
-constexpr long long kMaxPrefetchBytes = 24ll << 20;
 
 constexpr int kReduceColumns = 8;  // columns of a ReducePartialsKernel block: 32 bytes of each item
 
@@ -407,11 +398,6 @@ __global__ void __launch_bounds__(kThreads) ReducePartialsKernel(ReduceArgs a) {
 #pragma unroll
     for (int j = 0; j < kReduceColumns; ++j) s[j] += v[j];
   }
-  if (tid == 0 && a.prefetch_bytes > 0) {  // after the partials' loads, so that the fetch does not delay them
-    const long long chunk = (a.prefetch_bytes / gridDim.x + 15) / 16 * 16, begin = blockIdx.x * chunk;
-    const long long end = begin + chunk < a.prefetch_bytes ? begin + chunk : a.prefetch_bytes;
-    if (begin < end) PrefetchL2(a.prefetch + begin, static_cast<unsigned>(end - begin));
-  }
 #pragma unroll
   for (int j = 0; j < kReduceColumns; ++j) {
     const float w = WarpSum(s[j]);
@@ -511,14 +497,10 @@ ffi::ErrorOr<bool> ProgrammaticLaunches() {
 }
 
 // TokenFfnKernel over a.items blocks (a programmatic dependent of RouteTokenKernel where
-// after_routing), then ReducePartialsKernel into y [H] (of TokenFfnKernel where programmatic), which
-// has the L2 fetch the first kMaxPrefetchBytes of *prefetch where given.
+// after_routing), then ReducePartialsKernel into y [H] (of TokenFfnKernel where programmatic).
 ffi::Error LaunchFfn(const TokenFfnArgs& a, ffi::DataType type, bool after_routing, bool programmatic, void* y,
-                     bool residual, const ffi::AnyBuffer* prefetch, cudaStream_t stream) {
-  const char* prefetch_data = prefetch == nullptr ? nullptr : static_cast<const char*>(prefetch->untyped_data());
-  const long long prefetch_bytes =
-      prefetch == nullptr ? 0 : std::min<long long>(prefetch->size_bytes(), kMaxPrefetchBytes) / 16 * 16;
-  const ReduceArgs r{a.out, a.x, y, a.items, a.hidden, residual, prefetch_data, prefetch_bytes};
+                     bool residual, cudaStream_t stream) {
+  const ReduceArgs r{a.out, a.x, y, a.items, a.hidden, residual};
   const auto launch = [&](auto ffn, auto reduce) {
     TE_ASYNC_RETURN_IF_ERROR(CudaStatus(LaunchDependent(ffn, dim3(static_cast<unsigned>(a.items)), dim3(kThreads),
                                                         FfnSharedBytes(a.hidden, a.units), stream, after_routing, a),
@@ -551,7 +533,7 @@ ffi::Error TokenFfn(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer w1, ff
   const auto programmatic = ProgrammaticLaunches();
   if (programmatic.has_error()) return programmatic.error();
   TE_ASYNC_RETURN_IF_ERROR(Poison(stream, {{y->untyped_data(), y->size_bytes()}, {out->untyped_data(), out->size_bytes()}}));
-  return LaunchFfn(*a, x.element_type(), false, *programmatic, y->untyped_data(), false, nullptr, stream);
+  return LaunchFfn(*a, x.element_type(), false, *programmatic, y->untyped_data(), false, stream);
 }
 
 template <typename T>
@@ -575,7 +557,7 @@ ffi::Error LaunchRoute(const RouteTokenArgs& r, bool router_f32, bool hopper, si
 
 ffi::Error TokenMoe(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer norm_scale, ffi::AnyBuffer router,
                     ffi::AnyBuffer w1, ffi::AnyBuffer w2, ffi::AnyBuffer shared_w1, ffi::AnyBuffer shared_w2,
-                    ffi::AnyBuffer prefetch, ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> out,
+                    ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> out,
                     ffi::Result<ffi::Buffer<ffi::F32>> weights, ffi::Result<ffi::Buffer<ffi::S32>> experts,
                     int64_t units, int64_t top_k, int64_t n_group, int64_t topk_group, bool renormalize, float scaling,
                     float eps, bool round_first, bool router_reads_normed, bool residual) {
@@ -609,9 +591,7 @@ ffi::Error TokenMoe(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer norm_s
       !std::equal(ed.begin(), ed.end(), routing_dims.begin(), routing_dims.end())) {
     return bad("weights and experts must be [1, top_k]");
   }
-  if (!Aligned16(router.untyped_data()) || !Aligned16(prefetch.untyped_data())) {
-    return bad("operands must be 16-byte aligned");
-  }
+  if (!Aligned16(router.untyped_data())) return bad("operands must be 16-byte aligned");
   const TokenNorm norm{norm_scale.untyped_data(), scale_type == ffi::DataType::F32, round_first, eps};
   a->norm = norm;
   a->experts = experts->typed_data();
@@ -637,7 +617,7 @@ ffi::Error TokenMoe(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer norm_s
   TE_ASYNC_RETURN_IF_ERROR(x.element_type() == ffi::DataType::BF16
                                ? LaunchRoute<__nv_bfloat16>(r, router_f32, hopper, smem, stream)
                                : LaunchRoute<__half>(r, router_f32, hopper, smem, stream));
-  return LaunchFfn(*a, x.element_type(), hopper, hopper, y->untyped_data(), residual, &prefetch, stream);
+  return LaunchFfn(*a, x.element_type(), hopper, hopper, y->untyped_data(), residual, stream);
 }
 
 static_assert(FfnSharedBytes(kMaxHidden, kMaxUnits) <= 48 * 1024, "dynamic shared memory past the default limit");
@@ -667,7 +647,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(kTokenFfnCuda, TokenFfn,
 XLA_FFI_DEFINE_HANDLER_SYMBOL(kTokenMoeCuda, TokenMoe,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()

@@ -1,5 +1,5 @@
-// 16-byte weight loads and their unpacking to f32, and the L2's bulk prefetch, shared by the decode
-// kernels that stream weights (small_group_gemm.cu, token_ffn.cu, mla_decode.cu).
+// 16-byte weight loads and their unpacking to f32, shared by the decode kernels that stream
+// weights (small_group_gemm.cu, token_ffn.cu).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -9,14 +9,6 @@
 #include <type_traits>
 
 namespace te_async {
-
-// Asks the L2 to fetch `bytes` (a multiple of 16) from the 16-byte aligned p, without waiting for them
-// (compute capability 9.0 and up; a no-op below).
-__device__ __forceinline__ void PrefetchL2(const void* p, unsigned bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
-#endif
-}
 
 template <typename T>
 struct Elem;

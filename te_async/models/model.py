@@ -55,7 +55,7 @@ def scope_name(start: int, n: int) -> str:
     return f"layer{start}" if n == 1 else f"layers{start}-{start + n - 1}"
 
 
-def _layer(p, cfg: Config, x, cos, sin, cache, position, window, group_sizes_mode, experts, prefetch=None) -> tuple:
+def _layer(p, cfg: Config, x, cos, sin, cache, position, window, group_sizes_mode, experts) -> tuple:
     """One decoder layer: (x, its cache entries, the experts its tokens chose [B*S, k] or None)."""
     eps = cfg.rms_norm_eps
     if cfg.is_mla:
@@ -65,7 +65,7 @@ def _layer(p, cfg: Config, x, cos, sin, cache, position, window, group_sizes_mod
         x = x + a
     if "moe" in p:
         x, chosen = moe_sublayer(p["moe"], p["mlp_norm"], cfg, x, group_sizes_mode=group_sizes_mode, experts=experts,
-                                 return_routing=True, prefetch=prefetch)
+                                 return_routing=True)
         return x, cache, chosen
     return x + swiglu_mlp(p["mlp"], rms_norm(x, p["mlp_norm"], eps)), cache, None
 
@@ -83,17 +83,6 @@ def _unrolled(body, carry, xs) -> tuple:
     return carry, None if outs[0] is None else jnp.stack(outs)
 
 
-def _next_input_weights(params, runs, r: int, index):
-    """The input projections' weights of the layer after layer `index` of run r where that layer
-    is written out (index a Python int), for its MoE call to have the L2 fetch as it ends
-    (te_async.token_moe's prefetch); None inside a scan and after the last layer."""
-    if not isinstance(index, int):
-        return None
-    if index + 1 < runs[r][1]:
-        return params["layers"][r]["attn"]["w_in"][index + 1]
-    return params["layers"][r + 1]["attn"]["w_in"][0] if r + 1 < len(runs) else None
-
-
 def _decoder(params, cfg: Config, tokens, cache, position, group_sizes_mode, experts, unroll=False,
              remat=False) -> tuple:
     """(final-normed hidden states [B, S, H], the updated cache (None without one), the experts
@@ -107,15 +96,14 @@ def _decoder(params, cfg: Config, tokens, cache, position, group_sizes_mode, exp
     x = embed(params["embed"], tokens)
     positions = (0 if position is None else position) + jnp.arange(tokens.shape[1], dtype=jnp.int32)
     cos, sin = cos_sin(positions, cfg.rope_dim, cfg.rope_theta, cfg.rope_scaling)
-    new_cache, routing, runs = [], [], layer_runs(cfg)
-    for r, (start, n) in enumerate(runs):
+    new_cache, routing = [], []
+    for r, (start, n) in enumerate(layer_runs(cfg)):
 
-        def body(carry, xs, window=cfg.window(start), r=r):
+        def body(carry, xs, window=cfg.window(start)):
             x, stack = carry
             p, index = xs
             view = None if stack is None else {k: LayerOf(a, index) for k, a in stack.items()}
-            x, view, chosen = _layer(p, cfg, x, cos, sin, view, position, window, group_sizes_mode, experts,
-                                     _next_input_weights(params, runs, r, index))
+            x, view, chosen = _layer(p, cfg, x, cos, sin, view, position, window, group_sizes_mode, experts)
             return (x, None if view is None else {k: v.stack for k, v in view.items()}), chosen
 
         if remat:

@@ -113,11 +113,11 @@ def _mode(p: dict, cfg, tokens: int, group_sizes_mode: Optional[str]) -> str:
 
 
 def moe_sublayer(p: dict, norm_weight: jax.Array, cfg, x: jax.Array, *, group_sizes_mode: Optional[str],
-                 experts: str, return_routing: bool = False, prefetch: Optional[jax.Array] = None):
+                 experts: str, return_routing: bool = False):
     """x [..., H], the residual stream, -> x + moe_block(rms_norm(x)), and with return_routing the
     experts each token chose. In device mode at one token, without a shared-expert gate and with
     softmax scoring, the whole sub-layer is te_async.token_moe (one call of three kernels) where it
-    applies, with `prefetch` (the next layer's first weights) for the L2 to fetch as it ends."""
+    applies."""
     tokens = x.reshape(-1, x.shape[-1])
     fusable = not cfg.shared_expert_gate and cfg.scoring_func == "softmax"
     if experts == "te_async" and fusable and tokens.shape[0] == 1:
@@ -127,8 +127,7 @@ def moe_sublayer(p: dict, norm_weight: jax.Array, cfg, x: jax.Array, *, group_si
         shared = token_ffn.Shared(p["shared"]["w_gate_up"], p["shared"]["w_down"]) if "shared" in p else None
         if mode == "device" and token_moe.applies(tokens, norm, router, p["w_fc1"], p["w_fc2"], shared):
             with jax.named_scope("token_moe"):
-                y, routing = token_moe.token_moe(tokens, norm, router, p["w_fc1"], p["w_fc2"], shared, residual=True,
-                                                 prefetch=prefetch)
+                y, routing = token_moe.token_moe(tokens, norm, router, p["w_fc1"], p["w_fc2"], shared, residual=True)
             return (y.reshape(x.shape), routing.experts) if return_routing else y.reshape(x.shape)
     out = moe_block(p, cfg, rms_norm(x, norm_weight, cfg.rms_norm_eps), group_sizes_mode=group_sizes_mode,
                     experts=experts, return_routing=return_routing)
