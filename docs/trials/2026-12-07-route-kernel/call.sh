@@ -1,6 +1,6 @@
 #!/bin/bash
-# One device call: the RouteKernel phase probe (route_kernel_phases.py) built and run on main's
-# csrc/cuda/moe_routing.cu; its output in $OUT/route_kernel_phases.txt.
+# One device call: the RouteKernel phase probe and its two candidate variants (route_kernel_phases.py),
+# built from main's csrc/cuda/moe_routing.cu and run twice; the output in $OUT/route_kernel_phases.txt.
 set -u
 D=docs/trials/2026-12-07-route-kernel; J=$(python3 -c "import jaxlib, os; print(os.path.dirname(jaxlib.__file__))")
 cd /tmp && python3 $OLDPWD/$D/route_kernel_phases.py $OLDPWD/csrc/cuda/moe_routing.cu && \
