@@ -171,8 +171,7 @@ def test_gradient_for_the_gpu_fills_no_stack(rng):
     step = lambda c, w_l: (c + jnp.tanh(c @ w_l), None)
     lowered = {}
     for name, scan in (("lax", jax.lax.scan), ("te_async", te_async.scan)):
-        f = jax.jit(jax.grad(lambda x, w: jnp.sum(scan(step, x, w)[0] ** 2), argnums=(0, 1)))
-        lowered[name] = cuda_stablehlo(f, x, w)
+        lowered[name] = cuda_stablehlo(jax.grad(lambda x, w: jnp.sum(scan(step, x, w)[0] ** 2), argnums=(0, 1)), x, w)
     stacked_w, stacked_rows = f"{layers}x{hidden}x{hidden}xf32", f"{layers}x{rows}x{hidden}xf32"
     assert _scalar_fills(lowered["lax"], stacked_w) == 1 and _scalar_fills(lowered["lax"], stacked_rows) >= 1
     assert _scalar_fills(lowered["te_async"], stacked_w) == 0 and _scalar_fills(lowered["te_async"], stacked_rows) == 0

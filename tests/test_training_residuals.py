@@ -22,8 +22,7 @@ LAYERS = 3
 def _stacks(step, carry, xs) -> list:
     """The stacked residuals of jax.grad of sum(scan(step)) with respect to carry and xs."""
     loss = lambda c, x: jnp.sum(te_async.scan(step, c, x)[0].astype(jnp.float32))
-    grad = jax.jit(jax.grad(loss, argnums=(0, 1)))
-    return allocated_buffers(cuda_stablehlo(grad, carry, xs))
+    return allocated_buffers(cuda_stablehlo(jax.grad(loss, argnums=(0, 1)), carry, xs))
 
 
 def _bf16(rng, *shape):
