@@ -5,7 +5,7 @@
 // - kChunks (step 3): each warp takes 32 consecutive choices, ranks them among equal experts with
 //   __match_any_sync and writes its per-expert counts; a choice's row is its expert's offset plus
 //   the counts of the chunks before it plus its rank (choices <= 1024, E <= 128; else as now).
-// RouteKernelVariant<false, false> retypes RouteKernel's steps: its timing checks the copy.
+// RouteKernelVariant<false, false> is RouteKernel with the hooks compiled out: its timing checks them.
 
 constexpr int kChunkMax = kRouteThreads / 32, kChunkExperts = 128;
 
@@ -98,19 +98,9 @@ __device__ void RouteTokenPair(const RouteArgs& a, int t0, int t1, int lane, int
   }
 }
 
-template <bool kPair, bool kChunks>
-__global__ void __launch_bounds__(kRouteThreads, 1) RouteKernelVariant(RouteArgs a) {
-  __shared__ int chosen[kRouteMaxChoices];
-  __shared__ int count[kRouteMaxExperts];
-  __shared__ int offset[kRouteMaxExperts];
-  __shared__ int chunk_count[kChunkMax][kChunkExperts];
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int choices = a.tokens * a.top.top_k, chunks = (choices + 31) / 32;
-  const bool by_chunks = kChunks && chunks <= kChunkMax && a.top.experts <= kChunkExperts;
-  for (int e = tid; e < a.top.experts; e += kRouteThreads) count[e] = 0;
-  if (by_chunks)
-    for (int i = tid; i < chunks * a.top.experts; i += kRouteThreads) chunk_count[i / a.top.experts][i % a.top.experts] = 0;
-  __syncthreads();
+// Step 1 of the variant (RouteKernel's loop where !kPair or the options route one token at a time).
+template <bool kPair>
+__device__ void RouteTokens(const RouteArgs& a, int warp, int lane, int* chosen, int* count) {
   if (kPair && !a.top.sigmoid && a.top.n_group <= 1) {
     for (int t = warp; t < a.tokens; t += 2 * kRouteWarps) {
       if (t + kRouteWarps < a.tokens) RouteTokenPair(a, t, t + kRouteWarps, lane, chosen, count);
@@ -119,64 +109,46 @@ __global__ void __launch_bounds__(kRouteThreads, 1) RouteKernelVariant(RouteArgs
   } else {
     for (int t = warp; t < a.tokens; t += kRouteWarps) RouteToken(a, t, lane, chosen, count);
   }
-  __syncthreads();
-  if (warp == 0) {  // RouteKernel's scan
-    int c[kPerLane], run = 0;
-#pragma unroll
-    for (int i = 0; i < kPerLane; ++i) {
-      const int e = lane * kPerLane + i;
-      c[i] = e < a.top.experts ? count[e] : 0;
-      run += c[i];
-    }
-    int incl = run;
-#pragma unroll
-    for (int d = 1; d < 32; d *= 2) {
-      const int u = __shfl_up_sync(0xffffffffu, incl, d);
-      if (lane >= d) incl += u;
-    }
-    int at = incl - run;
-#pragma unroll
-    for (int i = 0; i < kPerLane; ++i) {
-      const int e = lane * kPerLane + i;
-      if (e < a.top.experts) {
-        offset[e] = at;
-        a.group_sizes[e] = c[i];
-      }
-      at += c[i];
-    }
+}
+
+__shared__ int chunk_count[kChunkMax][kChunkExperts];  // [chunk][expert]: the chunk's choices of it
+
+// Step 3 of the variant by chunks where kChunks and the sizes allow: zero the table (before the
+// first barrier), rank the warp's chunk and count it (before the third), then write the order
+// (after it; Order() false: RouteKernel's loop writes it instead).
+template <bool kChunks>
+struct Chunks {
+  bool on;
+  int mine = -1, rank = 0;
+  __device__ Chunks(const RouteArgs& a, int choices) {
+    const int chunks = (choices + 31) / 32;
+    on = kChunks && chunks <= kChunkMax && a.top.experts <= kChunkExperts;
+    if (on)
+      for (int i = threadIdx.x; i < chunks * a.top.experts; i += kRouteThreads) chunk_count[i / a.top.experts][i % a.top.experts] = 0;
   }
-  const int i = warp * 32 + lane, mine = by_chunks && warp < chunks && i < choices ? chosen[i] : -1;
-  int rank = 0;
-  if (by_chunks && warp < chunks) {
+  __device__ void Rank(const int* chosen, int choices, int warp, int lane) {
+    if (!on || warp * 32 >= choices) return;
+    const int i = warp * 32 + lane;
+    mine = i < choices ? chosen[i] : -1;
     const unsigned peers = __match_any_sync(0xffffffffu, mine);
     rank = __popc(peers & ((1u << lane) - 1u));
     if (mine >= 0 && rank == 0) chunk_count[warp][mine] = __popc(peers);
   }
-  __syncthreads();
-  if (by_chunks) {
+  __device__ bool Order(const RouteArgs& a, const int* offset, int warp, int lane) const {
+    if (!on) return false;
     if (mine >= 0) {
+      const int i = warp * 32 + lane;
       int r = offset[mine] + rank;
       for (int c = 0; c < warp; ++c) r += chunk_count[c][mine];
       a.choice_of_row[r] = i;
       a.row_of_choice[i] = r;
     }
-    return;
+    return true;
   }
-  for (int e = warp; e < a.top.experts; e += kRouteWarps) {  // RouteKernel's order
-    int row = offset[e];
-    for (int base = 0; base < choices; base += 32) {
-      const int j = base + lane;
-      const bool hit = j < choices && chosen[j] == e;
-      const unsigned hits = __ballot_sync(0xffffffffu, hit);
-      if (hit) {
-        const int r = row + __popc(hits & ((1u << lane) - 1u));
-        a.choice_of_row[r] = j;
-        a.row_of_choice[j] = r;
-      }
-      row += __popc(hits);
-    }
-  }
-}
+};
+
+//@VARIANT_KERNEL: route_kernel_phases.py puts RouteKernelVariant<kPair, kChunks> here, RouteKernel
+// with the three hooks above.
 
 }  // namespace
 }  // namespace te_async
