@@ -233,7 +233,7 @@ int main() {
     for (int i = 0; i < 4; ++i) std::printf(" %s %.2f;", phase[i], Median(d[i]));
     std::printf("\n  us per launch (20 back to back): RouteKernel %.2f", PerLaunch(RouteKernel, a));
     struct V { const char* name; void (*k)(RouteArgs); };
-    for (V v : {V{"copy", RouteKernelVariant<false, false>}, V{"pair", RouteKernelVariant<true, false>},
+    for (V v : {V{"hooks off", RouteKernelVariant<false, false>}, V{"pair", RouteKernelVariant<true, false>},
                 V{"chunks", RouteKernelVariant<false, true>}, V{"pair+chunks", RouteKernelVariant<true, true>}}) {
       for (auto [p, bytes] : {std::pair<void*, int>{o.weights, n * 4}, {o.chosen, n * 4}, {o.sizes, c.experts * 4},
                               {o.cor, n * 4}, {o.roc, n * 4}}) {
