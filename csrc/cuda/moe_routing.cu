@@ -5,16 +5,22 @@
 // CUDA graph. te_async/routing.py holds the JAX reference it must match.
 //
 // One block of 1024 threads (T*k <= kRouteMaxChoices, E <= kRouteMaxExperts: decode sizes).
-//   1. Warp per token: its top-k experts and weights (route_top_k.cuh), by softmax or by
-//      DeepSeek-V3's sigmoid scoring with its optional correction bias [E].
+//   1. Warp w routes tokens w, w+32, ..., two at a time while it has two (route_top_k.cuh), by
+//      softmax or by DeepSeek-V3's sigmoid scoring with its optional correction bias [E].
 //   2. Group sizes: integer atomics in shared memory (counts, so their order does not matter),
-//      then an exclusive scan by one warp.
-//   3. Order: warp w takes experts w, w+32, ...; for each it walks the choices in flat order
-//      (token-major) with a ballot, so a choice's row is its expert's offset plus the number of
-//      earlier choices of that expert: the stable sort, deterministic, no float atomics.
+//      then an exclusive scan by one warp. Beside it every warp ranks its consecutive chunks of 32
+//      choices (flat, token-major order), one after the other: a choice's rank among the warp's
+//      earlier choices of its expert (__match_any_sync), and the warp's count of each expert.
+//   3. Order: a choice's row is its expert's offset, plus the earlier warps' counts of its expert,
+//      plus its rank: the stable sort, deterministic, no float atomics.
+// At 64 tokens of DeepSeek-V2-Lite (E = 64, top-6) on an H100 the kernel took 11.5 us alone and 15.4
+// behind a cold cache; one token a warp and each expert's choices walked by ballots of 32, 9.1 and
+// 10.7 with the pairs, the ranks by chunks and a kernel per kSlots (route_top_k.cuh's WithSlots);
+// docs/benchmarks.md, under table D1.
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <initializer_list>
 #include <string>
 #include <utility>
@@ -46,31 +52,51 @@ struct RouteArgs {
   int* row_of_choice;     // [T*k]: the inverse
 };
 
-// Step 1 for token t, by one warp: writes its k weights and experts and counts them in `count`.
-__device__ void RouteToken(const RouteArgs& a, int t, int lane, int* chosen_sh, int* count) {
-  float w;
-  int e;
-  WarpTopK(a.logits + static_cast<long long>(t) * a.top.experts, a.top, lane, w, e);
+// Step 1 for tokens t[0..kTokens), by one warp: writes their k weights and experts and counts them
+// in `count`.
+template <int kTokens, int kSlots>
+__device__ void RouteTokens(const RouteArgs& a, const int (&t)[kTokens], int lane, int16_t* chosen_sh, int* count) {
+  const float* rows[kTokens];
+#pragma unroll
+  for (int n = 0; n < kTokens; ++n) rows[n] = a.logits + static_cast<long long>(t[n]) * a.top.experts;
+  float w[kTokens];
+  int e[kTokens];
+  WarpTopK<kTokens, kSlots>(rows, a.top, lane, w, e);
   if (lane < a.top.top_k) {
-    const int at = t * a.top.top_k + lane;
-    a.weights[at] = w;
-    a.chosen[at] = e;
-    chosen_sh[at] = e;
-    atomicAdd(&count[e], 1);
+#pragma unroll
+    for (int n = 0; n < kTokens; ++n) {
+      const int at = t[n] * a.top.top_k + lane;
+      a.weights[at] = w[n];
+      a.chosen[at] = e[n];
+      chosen_sh[at] = static_cast<int16_t>(e[n]);
+      atomicAdd(&count[e[n]], 1);
+    }
   }
 }
 
+constexpr int kChunkRounds = kRouteMaxChoices / kRouteThreads;  // chunks of 32 choices a warp, at most
+static_assert(kRouteMaxChoices % kRouteThreads == 0 && kChunkRounds * 32 < 256 && kRouteMaxExperts <= 32768,
+              "whole chunks; a warp's count of an expert in a byte; experts in int16");
+
 // One block per launch, so minBlocksPerSM 1: left open, ptxas held the kernel to 32 registers
 // once the sigmoid path was in and spilled (with it: 40, no spills).
+template <int kSlots>
 __global__ void __launch_bounds__(kRouteThreads, 1) RouteKernel(RouteArgs a) {
-  __shared__ int chosen[kRouteMaxChoices];
+  __shared__ int16_t chosen[kRouteMaxChoices];
   __shared__ int count[kRouteMaxExperts];
   __shared__ int offset[kRouteMaxExperts];
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  __shared__ __align__(4) uint8_t warp_count[kRouteWarps * kRouteMaxExperts];  // [warp][E]: its chunks' choices of e
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, experts = a.top.experts;
   const int choices = a.tokens * a.top.top_k;
-  for (int e = tid; e < a.top.experts; e += kRouteThreads) count[e] = 0;
+  const int rounds = (choices + kRouteThreads - 1) / kRouteThreads;  // warp w ranks chunks [w rounds, (w + 1) rounds)
+  for (int e = tid; e < experts; e += kRouteThreads) count[e] = 0;
+  for (int i = tid; i < kRouteWarps * experts / 4; i += kRouteThreads) reinterpret_cast<int*>(warp_count)[i] = 0;
   __syncthreads();
-  for (int t = warp; t < a.tokens; t += kRouteWarps) RouteToken(a, t, lane, chosen, count);
+  int t = warp;
+  for (; t + kRouteWarps < a.tokens; t += 2 * kRouteWarps) {
+    RouteTokens<2, kSlots>(a, {t, t + kRouteWarps}, lane, chosen, count);
+  }
+  if (t < a.tokens) RouteTokens<1, kSlots>(a, {t}, lane, chosen, count);
   __syncthreads();
 
   if (warp == 0) {  // exclusive scan of the counts: lane l sums experts [l * 8, l * 8 + 8)
@@ -78,7 +104,7 @@ __global__ void __launch_bounds__(kRouteThreads, 1) RouteKernel(RouteArgs a) {
 #pragma unroll
     for (int i = 0; i < kPerLane; ++i) {
       const int e = lane * kPerLane + i;
-      c[i] = e < a.top.experts ? count[e] : 0;
+      c[i] = e < experts ? count[e] : 0;
       run += c[i];
     }
     int incl = run;
@@ -91,28 +117,39 @@ __global__ void __launch_bounds__(kRouteThreads, 1) RouteKernel(RouteArgs a) {
 #pragma unroll
     for (int i = 0; i < kPerLane; ++i) {
       const int e = lane * kPerLane + i;
-      if (e < a.top.experts) {
+      if (e < experts) {
         offset[e] = at;
         a.group_sizes[e] = c[i];
       }
       at += c[i];
     }
   }
+  // Choice (warp rounds + j) 32 + lane: its expert (-1: none) and its rank among the warp's earlier
+  // choices of that expert; the warp's count of each expert after its chunks in warp_count.
+  uint8_t* mine_count = warp_count + warp * experts;
+  int mine[kChunkRounds], rank[kChunkRounds];
+#pragma unroll
+  for (int j = 0; j < kChunkRounds; ++j) {
+    const int i = (warp * rounds + j) * 32 + lane;
+    mine[j] = j < rounds && i < choices ? chosen[i] : -1;
+    if (j >= rounds) continue;  // the whole warp
+    const unsigned peers = __match_any_sync(0xffffffffu, mine[j]), before = peers & ((1u << lane) - 1u);
+    rank[j] = __popc(before) + (mine[j] >= 0 ? mine_count[mine[j]] : 0);
+    __syncwarp();
+    if (mine[j] >= 0 && before == 0) mine_count[mine[j]] += static_cast<uint8_t>(__popc(peers));
+    __syncwarp();
+  }
   __syncthreads();
 
-  for (int e = warp; e < a.top.experts; e += kRouteWarps) {
-    int row = offset[e];
-    for (int base = 0; base < choices; base += 32) {
-      const int i = base + lane;
-      const bool mine = i < choices && chosen[i] == e;
-      const unsigned hits = __ballot_sync(0xffffffffu, mine);
-      if (mine) {
-        const int r = row + __popc(hits & ((1u << lane) - 1u));
-        a.choice_of_row[r] = i;
-        a.row_of_choice[i] = r;
-      }
-      row += __popc(hits);
-    }
+#pragma unroll
+  for (int j = 0; j < kChunkRounds; ++j) {
+    const int e = mine[j];
+    if (e < 0) continue;
+    int r = offset[e] + rank[j];
+    for (int w = 0; w < warp; ++w) r += warp_count[w * experts + e];
+    const int i = (warp * rounds + j) * 32 + lane;
+    a.choice_of_row[r] = i;
+    a.row_of_choice[i] = r;
   }
 }
 
@@ -166,7 +203,8 @@ ffi::Error RouteDecode(cudaStream_t stream, ffi::Buffer<ffi::F32> logits, ffi::B
       TE_ASYNC_CUDA(cudaMemsetAsync(p, 0xff, bytes, stream));
     }
   }
-  RouteKernel<<<1, kRouteThreads, 0, stream>>>(a);
+  WithSlots(a.top.experts,
+            [&](auto slots) { RouteKernel<decltype(slots)::value><<<1, kRouteThreads, 0, stream>>>(a); });
   return CudaStatus(cudaGetLastError(), "launch of RouteKernel");
 }
 
