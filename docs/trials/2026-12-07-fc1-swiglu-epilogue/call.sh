@@ -1,25 +1,14 @@
 #!/bin/bash
 # One device call (about 7 minutes, nothing carried): main (this tree) and main + fc1_swiglu_epilogue.patch,
-# each built without CUTLASS for sm_90a in its own copy, in parallel (T <= 16 runs no CUTLASS kernel);
+# each built without CUTLASS for sm_90a in its own copy (../build_pair.sh), in parallel (T <= 16 runs no CUTLASS kernel);
 # fused_experts' outputs of both compared bit for bit; bench decode at T = 1, 2, 4, 8, 16 with the
 # fused path allowed at every T (decode_moe.FUSE_MAX_TOKENS = 64 in the process), modes device
 # (fused) and device_unfused, old then new, twice; then the GPU tests of the new build, poisoned.
 # Outputs under $OUT (summary.txt, results.tgz).
 set -u
-T=docs/trials/2026-12-07-fc1-swiglu-epilogue; R=/tmp/fse; rm -rf $R /tmp/src_old /tmp/src_new; mkdir -p $R; T0=$SECONDS
+T=docs/trials/2026-12-07-fc1-swiglu-epilogue; R=/tmp/fse; rm -rf $R; mkdir -p $R; T0=$SECONDS
 S=$PWD; L=$OUT/summary.txt; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee $R/gpu.txt > $L
-for v in old new; do
-  mkdir -p /tmp/src_$v && cp -r CMakeLists.txt pyproject.toml README.md LICENSE csrc te_async tests /tmp/src_$v/
-done
-(cd /tmp/src_new && patch -p1 < $S/$T/fc1_swiglu_epilogue.patch) > $R/patch.log 2>&1 || { cat $R/patch.log; exit 1; }
-for v in old new; do
-  ( cd /tmp/src_$v && CMAKE_BUILD_PARALLEL_LEVEL=8 python3 -m pip wheel --no-build-isolation --no-deps \
-    --config-settings=cmake.define.TE_ASYNC_WITH_CUDA=ON --config-settings=cmake.define.TE_ASYNC_WITH_CUTLASS=OFF \
-    --config-settings=cmake.define.CMAKE_CUDA_ARCHITECTURES=90a-real -w /tmp/wheel_$v . > $R/build_$v.log 2>&1
-    rm -rf /tmp/w_$v; mkdir -p /tmp/w_$v
-    python3 -c "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])" /tmp/wheel_$v/te_async-*.whl /tmp/w_$v ) &
-done
-wait
+bash docs/trials/build_pair.sh $T/fc1_swiglu_epilogue.patch $R >> $R/build.log 2>&1 || { tail -5 $R/build.log; exit 1; }
 echo "built at $((SECONDS - T0)) s: $(ls /tmp/wheel_old /tmp/wheel_new | tr '\n' ' ')" >> $L
 for v in old new; do (cd / && PYTHONPATH=/tmp/w_$v timeout 120 python3 -P $S/$T/fused_bits.py $R/bits_$v.npz) >> $R/bits.log 2>&1; done
 python3 -c "

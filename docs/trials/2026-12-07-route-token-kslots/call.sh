@@ -1,24 +1,13 @@
 #!/bin/bash
 # One device call (about 6 minutes, nothing carried): main (this tree) and main + route_token_kslots.patch,
-# each built without CUTLASS for sm_90a in its own copy (B = 1 runs no CUTLASS kernel), in parallel;
+# each built without CUTLASS for sm_90a in its own copy, in parallel (../build_pair.sh; B = 1 runs no CUTLASS kernel);
 # the route probe of RouteTokenKernel is the step itself: bench generate at B = 1, device mode,
 # old / new alternating three times, one profiled run each; then the token tests of the new build,
 # poisoned. Outputs under $OUT (summary.txt, results.tgz).
 set -u
-T=docs/trials/2026-12-07-route-token-kslots; R=/tmp/rtk; rm -rf $R /tmp/src_old /tmp/src_new; mkdir -p $R; T0=$SECONDS
+T=docs/trials/2026-12-07-route-token-kslots; R=/tmp/rtk; rm -rf $R; mkdir -p $R; T0=$SECONDS
 L=$OUT/summary.txt; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee $R/gpu.txt > $L
-for v in old new; do
-  mkdir -p /tmp/src_$v && cp -r CMakeLists.txt pyproject.toml README.md LICENSE csrc te_async /tmp/src_$v/
-done
-(cd /tmp/src_new && patch -p1 < $OLDPWD/$T/route_token_kslots.patch) > $R/patch.log 2>&1 || { cat $R/patch.log; exit 1; }
-for v in old new; do
-  ( cd /tmp/src_$v && CMAKE_BUILD_PARALLEL_LEVEL=8 python3 -m pip wheel --no-build-isolation --no-deps \
-    --config-settings=cmake.define.TE_ASYNC_WITH_CUDA=ON --config-settings=cmake.define.TE_ASYNC_WITH_CUTLASS=OFF \
-    --config-settings=cmake.define.CMAKE_CUDA_ARCHITECTURES=90a-real -w /tmp/wheel_$v . > $R/build_$v.log 2>&1
-    rm -rf /tmp/w_$v; mkdir -p /tmp/w_$v
-    python3 -c "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])" /tmp/wheel_$v/te_async-*.whl /tmp/w_$v ) &
-done
-wait
+bash docs/trials/build_pair.sh $T/route_token_kslots.patch $R >> $R/build.log 2>&1 || { tail -5 $R/build.log; exit 1; }
 echo "built at $((SECONDS - T0)) s: $(ls /tmp/wheel_old /tmp/wheel_new | tr '\n' ' ')" >> $L
 gen() {  # wheel, run label, extra args
   (cd / && PYTHONPATH=/tmp/w_$1 timeout 90 python3 -P -m te_async.bench generate --preset deepseek-v2-lite --batches 1 \
