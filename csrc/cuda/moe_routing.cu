@@ -13,10 +13,9 @@
 //      earlier choices of its expert (__match_any_sync), and the warp's count of each expert.
 //   3. Order: a choice's row is its expert's offset, plus the earlier warps' counts of its expert,
 //      plus its rank: the stable sort, deterministic, no float atomics.
-// At 64 tokens of DeepSeek-V2-Lite (E = 64, top-6) on an H100 the kernel took 11.5 us alone and 15.4
-// behind a cold cache; one token a warp and each expert's choices walked by ballots of 32, 9.1 and
-// 10.7 with the pairs, the ranks by chunks and a kernel per kSlots (route_top_k.cuh's WithSlots);
-// docs/benchmarks.md, under table D1.
+// At 64 tokens of DeepSeek-V2-Lite (E = 64, top-6) on an H100 it takes 9.1 us alone, 10.7 behind cold
+// caches and 8.8 in bench decode's step, where one token a warp and an order walked by one ballot
+// of 32 choices at a time per expert took 11.5, 15.4 and 12.5 (docs/benchmarks.md, under table D1).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -79,7 +78,7 @@ static_assert(kRouteMaxChoices % kRouteThreads == 0 && kChunkRounds * 32 < 256 &
               "whole chunks; a warp's count of an expert in a byte; experts in int16");
 
 // One block per launch, so minBlocksPerSM 1: left open, ptxas held the kernel to 32 registers
-// once the sigmoid path was in and spilled (with it: 40, no spills).
+// once the sigmoid path was in and spilled (with it: 45 to 57 by kSlots, no spills).
 template <int kSlots>
 __global__ void __launch_bounds__(kRouteThreads, 1) RouteKernel(RouteArgs a) {
   __shared__ int16_t chosen[kRouteMaxChoices];
