@@ -27,6 +27,17 @@ __device__ __forceinline__ float WarpReduce(float x, Op op) {
   return LaneGroupReduce(x, 32, op);
 }
 
+// op over the warp's 32 lanes for each of N values at once (WarpReduce's order), their chains of
+// dependent shuffles interleaved; on every lane.
+template <int N, typename Op>
+__device__ __forceinline__ void WarpReduceEach(float (&x)[N], Op op) {
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) {
+#pragma unroll
+    for (int n = 0; n < N; ++n) x[n] = op(x[n], __shfl_xor_sync(0xffffffffu, x[n], d));
+  }
+}
+
 // op over a block of kBlockWarps warps, on every thread: each warp's result, then the warps' in
 // warp order. scratch: kBlockWarps floats, free again on return.
 template <int kBlockWarps, typename Op>

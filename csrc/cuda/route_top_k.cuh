@@ -59,16 +59,6 @@ __device__ __forceinline__ void WarpArgMax(float (&v)[kTokens], int (&i)[kTokens
   }
 }
 
-// op over the warp's 32 lanes for each of kTokens values, on every lane (LaneGroupReduce's order).
-template <int kTokens, typename Op>
-__device__ __forceinline__ void WarpReduceEach(float (&x)[kTokens], Op op) {
-#pragma unroll
-  for (int d = 16; d > 0; d >>= 1) {
-#pragma unroll
-    for (int n = 0; n < kTokens; ++n) x[n] = op(x[n], __shfl_xor_sync(0xffffffffu, x[n], d));
-  }
-}
-
 __device__ __forceinline__ float WarpMax(float v) {
   return WarpReduce(v, [](float x, float y) { return fmaxf(x, y); });
 }
