@@ -15,7 +15,8 @@
 //      plus its rank: the stable sort, deterministic, no float atomics.
 // At 64 tokens of DeepSeek-V2-Lite (E = 64, top-6) on an H100 it takes 9.1 us alone, 10.7 behind cold
 // caches and 8.8 in bench decode's step, where one token a warp and an order walked by one ballot
-// of 32 choices at a time per expert took 11.5, 15.4 and 12.5 (docs/benchmarks.md, under table D1).
+// of 32 choices at a time per expert took 11.5, 15.4 and 12.5 (docs/benchmarks.md, under table D1);
+// since then a launch holds one top-k form's code (route_top_k.cuh's TopKForm).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -53,14 +54,14 @@ struct RouteArgs {
 
 // Step 1 for tokens t[0..kTokens), by one warp: writes their k weights and experts and counts them
 // in `count`.
-template <int kTokens, int kSlots>
+template <int kTokens, typename Form>
 __device__ void RouteTokens(const RouteArgs& a, const int (&t)[kTokens], int lane, int16_t* chosen_sh, int* count) {
   const float* rows[kTokens];
 #pragma unroll
   for (int n = 0; n < kTokens; ++n) rows[n] = a.logits + static_cast<long long>(t[n]) * a.top.experts;
   float w[kTokens];
   int e[kTokens];
-  WarpTopK<kTokens, kSlots>(rows, a.top, lane, w, e);
+  WarpTopK<kTokens, Form>(rows, a.top, lane, w, e);
   if (lane < a.top.top_k) {
 #pragma unroll
     for (int n = 0; n < kTokens; ++n) {
@@ -78,8 +79,8 @@ static_assert(kRouteMaxChoices % kRouteThreads == 0 && kChunkRounds * 32 < 256 &
               "whole chunks; a warp's count of an expert in a byte; experts in int16");
 
 // One block per launch, so minBlocksPerSM 1: left open, ptxas held the kernel to 32 registers
-// once the sigmoid path was in and spilled (with it: 45 to 57 by kSlots, no spills).
-template <int kSlots>
+// once the sigmoid path was in and spilled (with it: no spills).
+template <typename Form>
 __global__ void __launch_bounds__(kRouteThreads, 1) RouteKernel(RouteArgs a) {
   __shared__ int16_t chosen[kRouteMaxChoices];
   __shared__ int count[kRouteMaxExperts];
@@ -93,9 +94,9 @@ __global__ void __launch_bounds__(kRouteThreads, 1) RouteKernel(RouteArgs a) {
   __syncthreads();
   int t = warp;
   for (; t + kRouteWarps < a.tokens; t += 2 * kRouteWarps) {
-    RouteTokens<2, kSlots>(a, {t, t + kRouteWarps}, lane, chosen, count);
+    RouteTokens<2, Form>(a, {t, t + kRouteWarps}, lane, chosen, count);
   }
-  if (t < a.tokens) RouteTokens<1, kSlots>(a, {t}, lane, chosen, count);
+  if (t < a.tokens) RouteTokens<1, Form>(a, {t}, lane, chosen, count);
   __syncthreads();
 
   if (warp == 0) {  // exclusive scan of the counts: lane l sums experts [l * 8, l * 8 + 8)
@@ -202,8 +203,7 @@ ffi::Error RouteDecode(cudaStream_t stream, ffi::Buffer<ffi::F32> logits, ffi::B
       TE_ASYNC_CUDA(cudaMemsetAsync(p, 0xff, bytes, stream));
     }
   }
-  WithSlots(a.top.experts,
-            [&](auto slots) { RouteKernel<decltype(slots)::value><<<1, kRouteThreads, 0, stream>>>(a); });
+  WithForm(a.top, [&](auto form) { RouteKernel<decltype(form)><<<1, kRouteThreads, 0, stream>>>(a); });
   return CudaStatus(cudaGetLastError(), "launch of RouteKernel");
 }
 

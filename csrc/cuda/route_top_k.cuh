@@ -39,6 +39,46 @@ struct TopKOptions {
   const float* bias = nullptr;  // [E] on the device, sigmoid's correction bias; nullptr: none
 };
 
+// What a kernel instantiation compiles of the top-k: kSlots (E <= 32 kSlots), the scoring and the
+// group-limited step. A launch then holds one form's code: the routing kernel with every slot
+// count's code inside took 7.8 us at 8 tokens in a decode step where it took 5.2 alone (H100), the
+// kernels before it having evicted the SMs' instruction caches; the sigmoid and group code was
+// most of what was left (RouteKernel at E = 64: 117 KB, 38 KB without it).
+template <int kSlots_, bool kSigmoid_, bool kGrouped_>
+struct TopKForm {
+  static constexpr int kSlots = kSlots_;
+  static constexpr bool kSigmoid = kSigmoid_, kGrouped = kGrouped_;
+};
+
+// f(TopKForm<...>()) for o's form, kSlots the fewest of 1, 2, 4, 8 that hold E / 32; on the host,
+// to pick a kernel's instantiation. kMaySigmoid false: softmax forms only (o.sigmoid is false).
+template <bool kMaySigmoid = true, typename F>
+__host__ __device__ __forceinline__ void WithForm(const TopKOptions& o, F f) {
+  const auto scored = [&](auto slots) {
+    constexpr int k = decltype(slots)::value;
+    if (kMaySigmoid && o.sigmoid) {
+      if (o.n_group > 1) {
+        f(TopKForm<k, kMaySigmoid, true>());
+      } else {
+        f(TopKForm<k, kMaySigmoid, false>());
+      }
+    } else if (o.n_group > 1) {
+      f(TopKForm<k, false, true>());
+    } else {
+      f(TopKForm<k, false, false>());
+    }
+  };
+  if (o.experts <= 32) {
+    scored(std::integral_constant<int, 1>());
+  } else if (o.experts <= 64) {
+    scored(std::integral_constant<int, 2>());
+  } else if (o.experts <= 128) {
+    scored(std::integral_constant<int, 4>());
+  } else {
+    scored(std::integral_constant<int, kTopKPerLane>());
+  }
+}
+
 // Warp argmax over kTokens (value, index) pairs: the larger value, the lower index on ties. Every
 // lane gets each.
 template <int kTokens>
@@ -93,11 +133,11 @@ __device__ __forceinline__ float GroupScore(const float (&c)[kSlots], const TopK
 
 // DeepSeek's group-limited top-k on one token's choice values c (experts lane + 32 i): the
 // topk_group best groups are kept, the others' experts masked.
-template <int kSlots>
+template <bool kSigmoid, int kSlots>
 __device__ inline void MaskGroups(float (&c)[kSlots], const TopKOptions& o, int lane) {
   float best = -INFINITY;  // lane g < n_group: group g's score
   for (int g = 0; g < o.n_group; ++g) {
-    const float v = GroupScore(c, o, lane, g, o.sigmoid);
+    const float v = GroupScore(c, o, lane, g, kSigmoid);
     if (lane == g) best = v;
   }
   unsigned kept = 0;
@@ -109,7 +149,7 @@ __device__ inline void MaskGroups(float (&c)[kSlots], const TopKOptions& o, int 
     if (lane == g[0]) best = -INFINITY;
   }
   const int per_group = o.experts / o.n_group;
-  const float masked = o.sigmoid ? -INFINITY : 0.f;  // biased sigmoid choice values may be negative
+  const float masked = kSigmoid ? -INFINITY : 0.f;  // biased sigmoid choice values may be negative
 #pragma unroll
   for (int i = 0; i < kSlots; ++i) {
     const int e = lane + 32 * i;
@@ -119,10 +159,11 @@ __device__ inline void MaskGroups(float (&c)[kSlots], const TopKOptions& o, int 
 
 // The choice values of experts lane + 32 i of each of kTokens tokens from its logits rows[n] [E],
 // by the whole warp.
-template <int kTokens, int kSlots>
+template <int kTokens, typename Form>
 __device__ inline void WarpChoiceValues(const float* const (&rows)[kTokens], const TopKOptions& o, int lane,
-                                        float (&c)[kTokens][kSlots]) {
-  if (o.sigmoid) {
+                                        float (&c)[kTokens][Form::kSlots]) {
+  constexpr int kSlots = Form::kSlots;
+  if constexpr (Form::kSigmoid) {
 #pragma unroll
     for (int n = 0; n < kTokens; ++n) {
 #pragma unroll
@@ -161,46 +202,32 @@ __device__ inline void WarpChoiceValues(const float* const (&rows)[kTokens], con
       for (int i = 0; i < kSlots; ++i) c[n][i] /= s[n];
     }
   }
-  if (o.n_group <= 1) return;
+  if constexpr (Form::kGrouped) {
 #pragma unroll
-  for (int n = 0; n < kTokens; ++n) MaskGroups(c[n], o, lane);
+    for (int n = 0; n < kTokens; ++n) MaskGroups<Form::kSigmoid>(c[n], o, lane);
+  }
 }
 
 // Lane j < top_k holds the j-th choice value v and expert e, every lane `total` (the k values
 // summed in rank order); returns lane j's weight.
+template <bool kSigmoid>
 __device__ __forceinline__ float FinalWeight(const float* row, const TopKOptions& o, int lane, float v, int e,
                                              float total) {
-  if (o.sigmoid) {  // the choice values held the bias: the weights are the plain scores
+  if constexpr (kSigmoid) {  // the choice values held the bias: the weights are the plain scores
     v = lane < o.top_k ? Sigmoid(row[e]) : 0.f;
     total = WarpSum(v);
   }
   return (o.renormalize ? v / total : v) * o.scaling;
 }
 
-// f(std::integral_constant<int, kSlots>) with kSlots the fewest of 1, 2, 4, 8 that hold E / 32. On
-// the host it picks a kernel's instantiation, so that a launch holds one kSlots' code: in a decode
-// step, after kernels that evict the SMs' instruction caches, the routing kernel with the code of
-// every kSlots inside took 7.8 us at 8 tokens where it took 5.2 alone (H100).
-template <typename F>
-__host__ __device__ __forceinline__ void WithSlots(int experts, F f) {
-  if (experts <= 32) {
-    f(std::integral_constant<int, 1>());
-  } else if (experts <= 64) {
-    f(std::integral_constant<int, 2>());
-  } else if (experts <= 128) {
-    f(std::integral_constant<int, 4>());
-  } else {
-    f(std::integral_constant<int, kTopKPerLane>());
-  }
-}
-
-// The whole warp calls it with kTokens tokens' logits rows[n] [E] (E <= 32 kSlots); lane j < top_k
-// gets the j-th weight and expert of each.
-template <int kTokens, int kSlots>
+// The whole warp calls it with kTokens tokens' logits rows[n] [E] (o of the form Form); lane j <
+// top_k gets the j-th weight and expert of each.
+template <int kTokens, typename Form>
 __device__ inline void WarpTopK(const float* const (&rows)[kTokens], const TopKOptions& o, int lane,
                                 float (&weight)[kTokens], int (&expert)[kTokens]) {
+  constexpr int kSlots = Form::kSlots;
   float c[kTokens][kSlots];
-  WarpChoiceValues(rows, o, lane, c);
+  WarpChoiceValues<kTokens, Form>(rows, o, lane, c);
   unsigned taken[kTokens] = {};  // bit i: this lane's expert lane + 32 i is chosen
   float w_mine[kTokens] = {}, total[kTokens] = {};
   int e_mine[kTokens] = {};
@@ -226,7 +253,7 @@ __device__ inline void WarpTopK(const float* const (&rows)[kTokens], const TopKO
   }
 #pragma unroll
   for (int n = 0; n < kTokens; ++n) {
-    weight[n] = FinalWeight(rows[n], o, lane, w_mine[n], e_mine[n], total[n]);
+    weight[n] = FinalWeight<Form::kSigmoid>(rows[n], o, lane, w_mine[n], e_mine[n], total[n]);
     expert[n] = e_mine[n];
   }
 }
@@ -241,8 +268,8 @@ __device__ __forceinline__ unsigned OrderKey(float v) {
 // choice values and their order keys, every expert's rank is counted by P threads (each every
 // P-th other expert, then a butterfly), the first k ranks go to slots, and warp 0 writes
 // weights[j] and experts[j] for j < top_k. row: the logits [E]; work: 2 E + 64 words of shared
-// memory.
-template <int kBlock>
+// memory. o of the form Form.
+template <int kBlock, typename Form>
 __device__ inline void BlockTopK(const float* row, const TopKOptions& o, float* work, float* weights,
                                  int32_t* experts) {
   const int tid = threadIdx.x, lane = tid % 32, E = o.experts;
@@ -251,16 +278,14 @@ __device__ inline void BlockTopK(const float* row, const TopKOptions& o, float* 
   float* slot_value = work + 2 * E;
   int* slot_expert = reinterpret_cast<int*>(slot_value + 32);
   if (tid < 32) {
-    WithSlots(E, [&](auto slots) {
-      constexpr int kSlots = decltype(slots)::value;
-      const float* rows[1] = {row};
-      float c[1][kSlots];
-      WarpChoiceValues(rows, o, lane, c);
+    constexpr int kSlots = Form::kSlots;
+    const float* rows[1] = {row};
+    float c[1][kSlots];
+    WarpChoiceValues<1, Form>(rows, o, lane, c);
 #pragma unroll
-      for (int i = 0; i < kSlots; ++i) {
-        if (lane + 32 * i < E) choice[lane + 32 * i] = c[0][i], key[lane + 32 * i] = OrderKey(c[0][i]);
-      }
-    });
+    for (int i = 0; i < kSlots; ++i) {
+      if (lane + 32 * i < E) choice[lane + 32 * i] = c[0][i], key[lane + 32 * i] = OrderKey(c[0][i]);
+    }
   }
   __syncthreads();
   const int lanes = LanesPerItem(E, kBlock), shift = __ffs(lanes) - 1;
@@ -283,7 +308,7 @@ __device__ inline void BlockTopK(const float* row, const TopKOptions& o, float* 
   float total = 0.f;
 #pragma unroll 8
   for (int j = 0; j < o.top_k; ++j) total += __shfl_sync(0xffffffffu, v, j);
-  const float w = FinalWeight(row, o, lane, v, chosen, total);
+  const float w = FinalWeight<Form::kSigmoid>(row, o, lane, v, chosen, total);
   if (lane < o.top_k) weights[lane] = w, experts[lane] = chosen;
 }
 

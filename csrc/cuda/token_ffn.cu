@@ -294,7 +294,7 @@ __device__ __forceinline__ int RouterSlice(const RouteTokenArgs& a, int r0, int 
 // The norm, the router GEMM and the top-k of one token. Each block of the cluster computes its
 // slice's partial logits and writes them into rank 0's shared memory; rank 0 adds them in rank
 // order and runs the block top-k, while the other blocks have already exited.
-template <typename T, typename W>
+template <typename T, typename W, typename Form>
 __global__ void __launch_bounds__(kThreads) RouteTokenKernel(RouteTokenArgs a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   StartDependents();  // TokenFfnKernel may start: it waits where it needs the routing
@@ -335,7 +335,7 @@ __global__ void __launch_bounds__(kThreads) RouteTokenKernel(RouteTokenArgs a) {
     partials[e] = l;
   }
   __syncthreads();
-  BlockTopK<kThreads>(partials, a.top, scratch, a.weights, a.experts);
+  BlockTopK<kThreads, Form>(partials, a.top, scratch, a.weights, a.experts);
 }
 
 template <typename T>
@@ -550,8 +550,12 @@ ffi::Error LaunchRoute(const RouteTokenArgs& r, bool router_f32, bool hopper, si
   attr.val.clusterDim.z = 1;
   config.attrs = &attr;
   config.numAttrs = hopper ? 1 : 0;
-  const cudaError_t status = router_f32 ? cudaLaunchKernelEx(&config, RouteTokenKernel<T, float>, r)
-                                        : cudaLaunchKernelEx(&config, RouteTokenKernel<T, T>, r);
+  cudaError_t status;  // one instantiation per top-k form (softmax only here), so that a launch holds its own code
+  WithForm<false>(r.top, [&](auto form) {
+    using Form = decltype(form);
+    status = router_f32 ? cudaLaunchKernelEx(&config, RouteTokenKernel<T, float, Form>, r)
+                        : cudaLaunchKernelEx(&config, RouteTokenKernel<T, T, Form>, r);
+  });
   return CudaStatus(status, "launch of RouteTokenKernel");
 }
 
