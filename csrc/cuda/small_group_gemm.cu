@@ -24,10 +24,10 @@
 // weights) run at the same time on neighbouring blocks and meet in L2, and the first wave spreads
 // the active experts over all SMs.
 //
-// [G,K,N] (forward), block item = 64 columns (16-bit; 32 for f32) x one row chunk x all of K:
-//   thread t: cx = t % 8 owns the 16-byte column vector n0 + 8*cx (one 128-byte line per k-row
-//   for the 8 threads of a row), ky = t / 8 owns k-rows k = ky (mod 32): K is split over the 32
-//   k-slices of the block (8 warps x 4). Per iteration a thread issues U independent 16-byte
+// [G,K,N] (forward), block item = 128 columns (16-bit; 64 for f32) x one row chunk x all of K:
+//   thread t: cx = t % 16 owns the 16-byte column vector n0 + V*cx (256 contiguous bytes per k-row
+//   for the 16 threads of a row), ky = t / 16 owns k-rows k = ky (mod 16): K is split over the 16
+//   k-slices of the block (8 warps x 2). Per iteration a thread issues U independent 16-byte
 //   ld.global.nc.L1::no_allocate loads (U k-rows; U = 8 for <= 4 rows, 4 otherwise: 128 or 64
 //   bytes in flight per thread, 64 or 32 KB per SM) and then their FMAs; the loads of an
 //   iteration that restages activations are issued before its barrier. No explicit double
@@ -38,8 +38,9 @@
 //   whole block at its barriers; with 1-2 rows a thread issues the loads of all its k-rows of a
 //   stage before the first store, one L2 round trip instead of four (H200, DeepSeek T=1: 1.6-1.8
 //   us less per kernel). Tried and measured slower (docs/benchmarks.md): narrower column pieces
-//   for balance, double-buffered weight loads, and a 2048-row stage in dynamic shared memory.
-//   End: a 2-step shuffle reduce-scatter over the 4 k-slices of a warp, then a shared-memory sum
+//   for balance, 128 bytes a k-row (8 threads; 2-3 % slower at DeepSeek-V2-Lite's T = 8),
+//   double-buffered weight loads, and a 2048-row stage in dynamic shared memory.
+//   End: a 1-step shuffle reduce-scatter over the 2 k-slices of a warp, then a shared-memory sum
 //   over the 8 warps, then coalesced stores converted to the out dtype.
 // [G,N,K] (dgrad), warp item = 4 columns x one row chunk x all of K: lanes read along K (16-byte
 //   vectors, 512 contiguous bytes per warp and column; 2 k-vectors per column per iteration for
@@ -91,7 +92,13 @@ constexpr int kBlocksPerSm = 2;
 constexpr int kMaxG = static_cast<int>(kMaxGroups);
 constexpr int kNkCols = 4;             // output columns per warp item ([G,N,K] kernel)
 constexpr int kNkLd = 33;              // padded row of the per-warp transpose buffer
-constexpr int kSplitKGranule = 256;    // a K slice is a multiple of every kStep (32 * U k-rows)
+// [G,K,N] kernel: threads that read one k-row of a column tile, 16 bytes each: 256 contiguous bytes a
+// k-row (on an H100 128-byte pieces read at 97-98 % of the rate of 256-byte ones, 64-byte pieces at
+// 72 %: docs/benchmarks.md, under table F).
+constexpr int kKnCx = 16;
+constexpr int kKnRowsPerLoad = kThreads / kKnCx;  // k-rows of a block's load; a thread's rows are this far apart
+static_assert(kKnCx == 16, "KnItem's reduction sums the 2 k-slices of a warp (lanes 16 apart)");
+constexpr int kSplitKGranule = 256;    // a K slice is a multiple of every kStep (kKnRowsPerLoad * U k-rows)
 constexpr int kMaxSlices = 8;          // K slices of an item: the portable thread-block cluster size
 constexpr int kFusedMaxRows = static_cast<int>(kSmallGroupsFusedMaxRows);
 
@@ -282,9 +289,10 @@ struct KnShared {
   ChunkTables tables;
   RowTable rows;
   // Activations of the current chunk as f32 [k - k0][8] for kStageK k-rows; after the K loop, the
-  // per-warp partial sums ([warp][flat][cx], at most kWarps * 8 * 8 * 8 floats).
+  // per-warp partial sums ([warp][flat][cx], at most kWarps * kChunkRows * kVec * kKnCx floats).
   __align__(16) float buf[kStageK * kChunkRows];
-  float slice_sums[kChunkRows * 8 * Elem<T>::kVec];  // split K: this slice's sums of the item, [row][col]
+  float slice_sums[kChunkRows * kKnCx * Elem<T>::kVec];  // split K: this slice's sums of the item, [row][col]
+  static_assert(kStageK * kChunkRows >= kWarps * kChunkRows * Elem<T>::kVec * kKnCx, "buf holds the partial sums");
 };
 
 // One activation: lhs[k], or with a swiglu fusion silu(lhs[k]) * lhs[K + k] rounded to T, as
@@ -338,7 +346,7 @@ __device__ __forceinline__ void LoadWeightRows(const T* p, long long row_stride,
                                                uint4 (&w)[U]) {
 #pragma unroll
   for (int u = 0; u < U; ++u) {
-    const bool ok = valid_cols > 0 && k + 32 * u < K;
+    const bool ok = valid_cols > 0 && k + kKnRowsPerLoad * u < K;
     const T* q = p + u * row_stride;
     if constexpr (kVec) {
       w[u] = ok ? LoadStream(q) : make_uint4(0u, 0u, 0u, 0u);
@@ -348,14 +356,14 @@ __device__ __forceinline__ void LoadWeightRows(const T* p, long long row_stride,
   }
 }
 
-// One iteration (kStep = 32 * U k-rows of the block) of the [G,K,N] reduction, with its weights
+// One iteration (kStep = kKnRowsPerLoad * U k-rows of the block) of the [G,K,N] reduction, with its weights
 // `cur` already requested: restage the activations at each kStageK boundary, then the FMAs.
 template <typename T, bool kVec, Fuse F, int RR, int U>
 __device__ __forceinline__ void KnStep(int it, const T* lhs, int ld, const RowTable& table, int row0, int K,
                                        int k_begin, int ky, float* buf, const uint4 (&cur)[U],
                                        float (&acc)[RR][Elem<T>::kVec]) {
   constexpr int V = Elem<T>::kVec;
-  constexpr int kStep = 32 * U;
+  constexpr int kStep = kKnRowsPerLoad * U;
   const int kb = it * kStep;  // relative to k_begin, the item's first k-row
   const int kl0 = kb % kStageK;
   if (kl0 == 0) {     // block-uniform
@@ -365,7 +373,7 @@ __device__ __forceinline__ void KnStep(int it, const T* lhs, int ld, const RowTa
   }
 #pragma unroll
   for (int u = 0; u < U; ++u) {
-    const float* ap = buf + (kl0 + 32 * u + ky) * kChunkRows;
+    const float* ap = buf + (kl0 + kKnRowsPerLoad * u + ky) * kChunkRows;
     float x[kChunkRows];
     const float4 a0 = *reinterpret_cast<const float4*>(ap);
     x[0] = a0.x, x[1] = a0.y, x[2] = a0.z, x[3] = a0.w;
@@ -409,18 +417,18 @@ __device__ __forceinline__ void SumClusterSlices(const Args& a, int row0, int n0
 template <typename T, typename TO, bool kVec, bool kSplit, Fuse F, int RR>
 __device__ __forceinline__ void KnItem(const Args& a, const Chunk& ch, int n0, int slice, KnShared<T>& sh) {
   constexpr int V = Elem<T>::kVec;
-  constexpr int kTile = 8 * V;
+  constexpr int kTile = kKnCx * V;
   // k-rows (16-byte loads in flight) per thread per iteration; the scalar path needs V loads each.
   constexpr int U = !kVec ? 2 : (RR <= 4 ? 8 : 4);
-  constexpr int kStep = 32 * U;       // k-rows per block per iteration
+  constexpr int kStep = kKnRowsPerLoad * U;  // k-rows per block per iteration
   static_assert(kStageK % kStep == 0, "a staged pass must hold whole iterations");
   const int K = Opaque(a.k), N = Opaque(a.n);
   const int tid = OpaqueTid(), lane = tid & 31, warp = tid >> 5;
-  const int cx = lane & 7, ky = tid >> 3;
+  const int cx = tid % kKnCx, ky = tid / kKnCx;
   const T* lhs = static_cast<const T*>(a.lhs);
   const int col = n0 + cx * V;
   const int valid_cols = min(V, N - col);  // <= 0: this thread's columns are past N
-  const long long row_stride = 32LL * N;   // between a thread's consecutive k-rows
+  const long long row_stride = static_cast<long long>(kKnRowsPerLoad) * N;  // between a thread's consecutive k-rows
   const long long step_stride = static_cast<long long>(kStep) * N;
   // Without a split (a separate instantiation, so that the decode path keeps its registers) an
   // item covers all of K.
@@ -443,8 +451,8 @@ __device__ __forceinline__ void KnItem(const Args& a, const Chunk& ch, int n0, i
     KnStep<T, kVec, F, RR, U>(it, lhs, a.lhs_ld, sh.rows, ch.row0, K, k_begin, ky, sh.buf, w, acc);
   }
 
-  // Reduce over the 4 k-slices of the warp (lanes differing in bits 3 and 4): a reduce-scatter,
-  // after which lane group q = lane >> 3 holds flat entries [q * NV/4, (q + 1) * NV/4).
+  // Reduce over the 2 k-slices of the warp (lanes 16 apart): a reduce-scatter, after which lane
+  // half q = lane >> 4 holds flat entries [q * NV/2, (q + 1) * NV/2).
   constexpr int NV = RR * V;
   float v[NV];
 #pragma unroll
@@ -452,25 +460,18 @@ __device__ __forceinline__ void KnItem(const Args& a, const Chunk& ch, int n0, i
 #pragma unroll
     for (int j = 0; j < V; ++j) v[r * V + j] = acc[r][j];
   }
-  const bool b1 = (lane & 16) != 0, b2 = (lane & 8) != 0;
+  const bool upper = (lane & 16) != 0;
   float h[NV / 2];
 #pragma unroll
   for (int i = 0; i < NV / 2; ++i) {
-    const float keep = b1 ? v[NV / 2 + i] : v[i];
-    const float send = b1 ? v[i] : v[NV / 2 + i];
+    const float keep = upper ? v[NV / 2 + i] : v[i];
+    const float send = upper ? v[i] : v[NV / 2 + i];
     h[i] = keep + __shfl_xor_sync(0xffffffffu, send, 16);
   }
-  float q[NV / 4];
-#pragma unroll
-  for (int i = 0; i < NV / 4; ++i) {
-    const float keep = b2 ? h[NV / 4 + i] : h[i];
-    const float send = b2 ? h[i] : h[NV / 4 + i];
-    q[i] = keep + __shfl_xor_sync(0xffffffffu, send, 8);
-  }
   __syncthreads();  // every warp is done reading the staged activations
-  const int qg = lane >> 3;
+  const int qg = lane >> 4;
 #pragma unroll
-  for (int i = 0; i < NV / 4; ++i) sh.buf[((warp * NV) + qg * (NV / 4) + i) * 8 + cx] = q[i];
+  for (int i = 0; i < NV / 2; ++i) sh.buf[((warp * NV) + qg * (NV / 2) + i) * kKnCx + cx] = h[i];
   __syncthreads();
 
   TO* out = static_cast<TO*>(a.out);
@@ -480,7 +481,7 @@ __device__ __forceinline__ void KnItem(const Args& a, const Chunk& ch, int n0, i
     const int flat = r * V + c % V, ocx = c / V;
     float s = 0.f;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) s += sh.buf[(w * NV + flat) * 8 + ocx];
+    for (int w = 0; w < kWarps; ++w) s += sh.buf[(w * NV + flat) * kKnCx + ocx];
     if constexpr (kSplit) {
       sh.slice_sums[o] = s;
       continue;
@@ -500,7 +501,7 @@ __device__ __forceinline__ void KnItem(const Args& a, const Chunk& ch, int n0, i
 
 template <typename T, typename TO, bool kVec, bool kSplit, Fuse F>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm) SmallGroupsKnKernel(Args a) {
-  constexpr int kTile = 8 * Elem<T>::kVec;
+  constexpr int kTile = kKnCx * Elem<T>::kVec;
   __shared__ KnShared<T> sh;
   if constexpr (MapsRows(F)) LoadRowTable(a, sh.rows);
   static_assert(sizeof(sh.buf) >= (kMaxG + 1) * sizeof(int), "buf holds PrepareChunks' scratch");
@@ -692,9 +693,9 @@ long long MaxChunks(long long groups, long long rows) {
   return (rows + (kChunkRows - 1) * nonempty) / kChunkRows;
 }
 
-// [G,K,N] column tiles: 64 columns of 16-bit types, 32 of f32.
+// [G,K,N] column tiles: kKnCx 16-byte vectors, 128 columns of 16-bit types, 64 of f32.
 long long KnTiles(const GroupedGemmShape& s) {
-  const long long cols = s.in_type == ffi::DataType::F32 ? 32 : 64;
+  const long long cols = kKnCx * (s.in_type == ffi::DataType::F32 ? 4 : 8);
   return (s.n + cols - 1) / cols;
 }
 
