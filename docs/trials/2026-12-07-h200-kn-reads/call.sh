@@ -4,6 +4,7 @@
 #    experts: does the H200 read 256-byte pieces faster than 128 by more than the H100's 2-3 %?
 # 2. main ("new", kKnCx = 16) against main with before_kn_cx16.patch ("old", 8 threads a k-row),
 #    both without CUTLASS for sm_90a: bench decode device_unfused T = 2 4 8 16, alternating, twice;
+#    and bench dense --rows 1 2 (the dense path's split-K GEMMs, whose items the wider tiles halve);
 # 3. main with CUTLASS for sm_90a: bench decode device T = 1 8 64 (profiled T = 64 trip) and bench
 #    generate B = 1, the issues' H200 figures after stop 60.
 # The three builds run in parallel. $OUT/summary.txt has the figures, results.tgz the files.
@@ -33,6 +34,10 @@ for run in 1 2; do for v in old new; do
   echo "--- $v $run" >> $L; grep -E '^\| [0-9]' $R/decode_${v}_$run/decode.md >> $L
 done; done
 for v in old new; do echo "$v T=8: $(grep -h SmallGroupsKnKernel $R/decode_${v}_1/decode_timeline_T8_kernels.md | tr '\n' ' ')" >> $L; done
+for v in old new; do  # the 1- and 2-row dense GEMMs (split K over clusters): 128-column tiles halve their items
+  (cd / && PYTHONPATH=/tmp/w_$v timeout 90 python3 -P -m te_async.bench dense --rows 1 2 --out $R/dense_$v) > $R/dense_$v.log 2>&1
+  echo "--- dense $v" >> $L; grep -E '^\| ' $R/dense_$v/*.md | head -24 >> $L
+done
 (cd / && PYTHONPATH=/tmp/w_cutlass timeout 120 python3 -P -m te_async.bench decode --modes device --batches 1 8 64 --reps 10 \
   --no-plots --detail-batch 64 --out $R/decode_cutlass) > $R/decode_cutlass.log 2>&1
 echo "--- main with CUTLASS" >> $L; grep -E '^\| [0-9]' $R/decode_cutlass/decode.md >> $L
