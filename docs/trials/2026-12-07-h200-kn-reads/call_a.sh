@@ -1,20 +1,18 @@
 #!/bin/bash
-# One device call on an H200 (needs_h200; carry .whl), about 8 minutes. Stop 60 measured on H100s only:
+# Call A of two on an H200 (needs_h200, nothing carried), about 8 minutes. Stop 60 measured on H100s only:
 # 1. the stripe read probe (docs/results/2026-12-06-h100-kn-reads/stripe_read_probe.cu), 34 and 64
 #    experts: does the H200 read 256-byte pieces faster than 128 by more than the H100's 2-3 %?
 # 2. main ("new", kKnCx = 16) against main with before_kn_cx16.patch ("old", 8 threads a k-row),
 #    both without CUTLASS for sm_90a: bench decode device_unfused T = 2 4 8 16, alternating, twice;
 #    and bench dense --rows 1 2 (the dense path's split-K GEMMs, whose items the wider tiles halve);
-# 3. main with CUTLASS for sm_90a: bench decode device T = 1 8 64 (profiled T = 64 trip) and bench
-#    generate B = 1, the issues' H200 figures after stop 60.
-# The three builds run in parallel. $OUT/summary.txt has the figures, results.tgz the files.
+#    and bench generate B = 2 (the model's 2-row dense GEMMs) once each.
+# call_b.sh: main with CUTLASS. $OUT/summary.txt has the figures, results.tgz the files.
 set -u
-T=docs/trials/2026-12-07-h200-kn-reads; R=/tmp/h2; rm -rf $R; mkdir -p $R; T0=$SECONDS; S=$PWD; L=$OUT/summary.txt
+T=docs/trials/2026-12-07-h200-kn-reads; R=/tmp/h2a; rm -rf $R; mkdir -p $R; T0=$SECONDS; S=$PWD; L=$OUT/summary.txt
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee $R/gpu.txt > $L
 nvcc -O3 -std=c++17 -arch=sm_90a docs/results/2026-12-06-h100-kn-reads/stripe_read_probe.cu -o $R/srp >> $L 2>&1
 for n in 34 64 34 64; do $R/srp $n >> $R/probe.txt 2>&1; done; cat $R/probe.txt >> $L
-python3 -c "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall('/tmp/cutlass')" .whl/nvidia_cutlass-*.whl
-for v in old new cutlass; do
+for v in old new; do
   rm -rf /tmp/src_$v /tmp/wheel_$v; mkdir -p /tmp/src_$v && cp -r CMakeLists.txt pyproject.toml README.md LICENSE csrc te_async tests /tmp/src_$v/
 done
 (cd /tmp/src_old && patch -p1 < $S/$T/before_kn_cx16.patch) > $R/patch.log 2>&1 || exit 1
@@ -25,9 +23,9 @@ build() {  # tree, WITH_CUTLASS ON/OFF, parallel jobs
     -w /tmp/wheel_$1 . > $R/build_$1.log 2>&1; rm -rf /tmp/w_$1; mkdir -p /tmp/w_$1
     python3 -c "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])" /tmp/wheel_$1/te_async-*.whl /tmp/w_$1 )
 }
-build old OFF 4 & build new OFF 4 & build cutlass ON 8 &
+build old OFF 8 & build new OFF 8 &
 wait
-echo "built at $((SECONDS - T0)) s: $(ls /tmp/wheel_old /tmp/wheel_new /tmp/wheel_cutlass | tr '\n' ' ')" >> $L
+echo "built at $((SECONDS - T0)) s: $(ls /tmp/wheel_old /tmp/wheel_new | tr '\n' ' ')" >> $L
 for run in 1 2; do for v in old new; do
   (cd / && PYTHONPATH=/tmp/w_$v timeout 60 python3 -P -m te_async.bench decode --modes device_unfused --batches 2 4 8 16 \
     --reps 10 --no-plots --detail-batch 8 --out $R/decode_${v}_$run) > $R/decode_${v}_$run.log 2>&1
@@ -38,12 +36,11 @@ for v in old new; do  # the 1- and 2-row dense GEMMs (split K over clusters): 12
   (cd / && PYTHONPATH=/tmp/w_$v timeout 90 python3 -P -m te_async.bench dense --rows 1 2 --out $R/dense_$v) > $R/dense_$v.log 2>&1
   echo "--- dense $v" >> $L; grep -E '^\| ' $R/dense_$v/*.md | head -24 >> $L
 done
-(cd / && PYTHONPATH=/tmp/w_cutlass timeout 120 python3 -P -m te_async.bench decode --modes device --batches 1 8 64 --reps 10 \
-  --no-plots --detail-batch 64 --out $R/decode_cutlass) > $R/decode_cutlass.log 2>&1
-echo "--- main with CUTLASS" >> $L; grep -E '^\| [0-9]' $R/decode_cutlass/decode.md >> $L
-(cd / && PYTHONPATH=/tmp/w_cutlass timeout 120 python3 -P -m te_async.bench generate --preset deepseek-v2-lite --batches 1 \
-  --modes device --steps 60 --no-plots --out $R/generate) > $R/generate.log 2>&1
-grep -E '^\| [0-9]' $R/generate/generate.md >> $L
+for v in old new; do
+  (cd / && PYTHONPATH=/tmp/w_$v timeout 90 python3 -P -m te_async.bench generate --preset deepseek-v2-lite --batches 2 \
+    --modes device --steps 40 --no-plots --no-profile --out $R/generate_b2_$v) > $R/generate_b2_$v.log 2>&1
+  echo "generate B=2 $v: $(grep -E '^\| [0-9]' $R/generate_b2_$v/generate.md | tr '\n' ' ')" >> $L
+done
 echo "=== done at $((SECONDS - T0)) s" >> $L
 tar czf $OUT/results.tgz -C $R --exclude='traces' --exclude='srp' .
 cat $L

@@ -1,0 +1,24 @@
+#!/bin/bash
+# Call B of two on an H200 (needs_h200; carry .whl), about 5 minutes: main built with CUTLASS for
+# sm_90a; bench decode device T = 1 8 64 (profiled T = 64 trip) and bench generate B = 1, the
+# issues' H200 figures after stop 60. $OUT/summary.txt, results.tgz.
+set -u
+R=/tmp/h2b; rm -rf $R; mkdir -p $R; T0=$SECONDS; L=$OUT/summary.txt
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee $R/gpu.txt > $L
+python3 -c "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall('/tmp/cutlass')" .whl/nvidia_cutlass-*.whl
+CUTLASS_INCLUDE_DIR=/tmp/cutlass/cutlass_library/source/include CMAKE_BUILD_PARALLEL_LEVEL=16 python3 -m pip wheel \
+  --no-build-isolation --no-deps --config-settings=cmake.define.TE_ASYNC_WITH_CUDA=ON \
+  --config-settings=cmake.define.TE_ASYNC_WITH_CUTLASS=ON --config-settings=cmake.define.CMAKE_CUDA_ARCHITECTURES=90a-real \
+  -w /tmp/wheel_cutlass . > $R/build.log 2>&1 || { tail -5 $R/build.log; exit 1; }
+rm -rf /tmp/w_cutlass; mkdir -p /tmp/w_cutlass
+python3 -c "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])" /tmp/wheel_cutlass/te_async-*.whl /tmp/w_cutlass
+echo "built at $((SECONDS - T0)) s" >> $L
+(cd / && PYTHONPATH=/tmp/w_cutlass timeout 120 python3 -P -m te_async.bench decode --modes device --batches 1 8 64 --reps 10 \
+  --no-plots --detail-batch 64 --out $R/decode_cutlass) > $R/decode_cutlass.log 2>&1
+echo "--- main with CUTLASS" >> $L; grep -E '^\| [0-9]' $R/decode_cutlass/decode.md >> $L
+(cd / && PYTHONPATH=/tmp/w_cutlass timeout 120 python3 -P -m te_async.bench generate --preset deepseek-v2-lite --batches 1 \
+  --modes device --steps 60 --no-plots --out $R/generate) > $R/generate.log 2>&1
+grep -E '^\| [0-9]' $R/generate/generate.md >> $L
+echo "=== done at $((SECONDS - T0)) s" >> $L
+tar czf $OUT/results.tgz -C $R --exclude='traces' --exclude='srp' .
+cat $L
