@@ -1,7 +1,9 @@
 #!/bin/bash
-# Call B of two on an H200 (needs_h200; carry .whl), about 5 minutes: main built with CUTLASS for
-# sm_90a; bench decode device T = 1 8 64 (profiled T = 64 trip) and bench generate B = 1, the
-# issues' H200 figures after stop 60. $OUT/summary.txt, results.tgz.
+# Call B of two on an H200 (needs_h200; carry .whl), about 7 minutes: main built with CUTLASS for
+# sm_90a; bench decode device T = 1 8 64 (profiled T = 1 trip) under three XLA_FLAGS (default;
+# min graph size 1; and the while loop in the command buffer) and bench generate B = 1: the issues'
+# H200 figures after stop 60, and whether XLA's graphs take the idle out of the scanned step.
+# $OUT/summary.txt, results.tgz.
 set -u
 R=/tmp/h2b; rm -rf $R; mkdir -p $R; T0=$SECONDS; L=$OUT/summary.txt
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee $R/gpu.txt > $L
@@ -13,9 +15,19 @@ CUTLASS_INCLUDE_DIR=/tmp/cutlass/cutlass_library/source/include CMAKE_BUILD_PARA
 rm -rf /tmp/w_cutlass; mkdir -p /tmp/w_cutlass
 python3 -c "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])" /tmp/wheel_cutlass/te_async-*.whl /tmp/w_cutlass
 echo "built at $((SECONDS - T0)) s" >> $L
-(cd / && PYTHONPATH=/tmp/w_cutlass timeout 120 python3 -P -m te_async.bench decode --modes device --batches 1 8 64 --reps 10 \
-  --no-plots --detail-batch 64 --out $R/decode_cutlass) > $R/decode_cutlass.log 2>&1
-echo "--- main with CUTLASS" >> $L; grep -E '^\| [0-9]' $R/decode_cutlass/decode.md >> $L
+# The scan's trips as XLA sees them: by default a trip's thunks form a command buffer only from 5 of
+# them (T = 1's token_moe trip is fewer: stop 60 saw 0 graph launches there, the host launching its
+# kernels), and the while loop itself is never one (a graph launch, and its update, per trip).
+P=--xla_enable_command_buffers_during_profiling=true  # the profiled step keeps the timed step's graphs
+flags_default="$P"; flags_min1="$P --xla_gpu_graph_min_graph_size=1"
+flags_while="$P --xla_gpu_graph_min_graph_size=1 --xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL"
+for f in default min1 while; do
+  eval xf=\$flags_$f
+  (cd / && PYTHONPATH=/tmp/w_cutlass XLA_FLAGS="$xf" timeout 120 python3 -P -m te_async.bench decode --modes device --batches 1 8 64 \
+    --reps 10 --no-plots --detail-batch 1 --out $R/decode_$f) > $R/decode_$f.log 2>&1
+  echo "--- main with CUTLASS, XLA_FLAGS='$xf'" >> $L; grep -E '^\| [0-9]' $R/decode_$f/decode.md >> $L
+  python3 -c "import json; print([(r['batch'], r['n_graph_launches'], r['n_kernels']) for r in json.load(open('$R/decode_$f/decode.json'))['results']])" >> $L 2>&1
+done
 (cd / && PYTHONPATH=/tmp/w_cutlass timeout 120 python3 -P -m te_async.bench generate --preset deepseek-v2-lite --batches 1 \
   --modes device --steps 60 --no-plots --out $R/generate) > $R/generate.log 2>&1
 grep -E '^\| [0-9]' $R/generate/generate.md >> $L
