@@ -1,8 +1,11 @@
 """Decode step of an MoE transformer: step latency and GPU bubble per group-sizes mode.
 
-One decode step is L MoE layers (router, dispatch, expert MLP, combine, residual) scanned over
-stacked layer weights under one jit; attention is left out because it has no group sizes and
-would only dilute the bubble. Decode is where the group-sizes stall hurts most: each expert GEMM
+One decode step is L MoE layers (router, dispatch, expert MLP, combine, residual) over stacked
+layer weights under one jit; attention is left out because it has no group sizes and would only
+dilute the bubble. The layers are scanned, or written out where te_async.models writes a decode
+step's layers out (models.model.unrolls: device mode at the batches of UNROLL_BATCHES, where a
+scan trip's loop counter, copy and gaps cost more than a step of written-out layers); --unroll
+forces either. Decode is where the group-sizes stall hurts most: each expert GEMM
 is a few rows, so the host's wait for the sizes is not hidden behind GPU work.
 
 Modes:
@@ -38,6 +41,7 @@ import numpy as np
 
 from .. import GROUP_SIZES_MODES
 from ..mlp import EPS, activate, normalize
+from ..models.model import unrolls, written_out_scan
 from ..moe import combine, dispatch_rows, moe_block, plan_dispatch, route_top_k
 from . import presets, timing, trace
 
@@ -52,7 +56,7 @@ except ImportError:  # tqdm is an optional extra
 RESULT_KEYS = (
     "mode", "batch", "median_ms", "p10_ms", "p90_ms", "samples", "floor_ms", "ratio_to_floor",
     "active_experts", "busy_us", "idle_us", "idle_fraction", "n_host_syncs", "n_graph_launches",
-    "n_kernels", "rel_error_vs_sync", "nohost_reads_bytes", "error",
+    "n_kernels", "rel_error_vs_sync", "nohost_reads_bytes", "written_out", "error",
 )
 PROFILE_KEYS, CMDBUF_FLAG = timing.PROFILE_KEYS, timing.CMDBUF_FLAG
 ANNOTATION = "decode_step"
@@ -102,17 +106,34 @@ if "device" in GROUP_SIZES_MODES:
     MODES["device"] = _te_moe("device")
     MODES["device_unfused"] = _te_moe("device", fuse=False)
 MODES.update(ragged_dot=_routed(ragged_dot_mlp), nohost=_routed(_gathered_mlp))
+# The group_sizes_mode of each te_async mode, for models.model.unrolls (the others never unroll).
+GROUP_SIZES_MODE = {"sync": "sync", "async": "async", "async_late": "async", "device": "device",
+                    "device_unfused": "device"}
+UNROLL = ("auto", "never", "always")
 
 
-def make_step(layer, model, with_experts=False):
-    """The jitted decode step; with_experts also returns each layer's routing [L, T, k] for the floor."""
+def writes_out(unroll: str, mode: str, batch: int) -> bool:
+    """Whether the step of `mode` at `batch` tokens has its layers written out: --unroll, or
+    with "auto" where te_async.models' decode step does."""
+    if unroll != "auto":
+        return unroll == "always"
+    return mode in GROUP_SIZES_MODE and unrolls(batch, GROUP_SIZES_MODE[mode])
 
-    def body(h, p):
+
+def make_step(layer, model, with_experts=False, written_out=False):
+    """The jitted decode step, its layers scanned or written out; with_experts also returns each
+    layer's routing [L, T, k] for the floor."""
+
+    def body(h, xs):
+        p, _ = xs
         experts = route_top_k(h, p["router"], model.top_k).experts if with_experts else None
         return layer(h, p, model), experts
 
+    scan = written_out_scan if written_out else jax.lax.scan
+
     def step(params, x):
-        h, experts = jax.lax.scan(body, x, params)
+        layers = jax.tree_util.tree_leaves(params)[0].shape[0]  # the model's, or one for the first-layer check
+        h, experts = scan(body, x, (params, np.arange(layers)))
         return (h, experts) if with_experts else h
 
     return jax.jit(step)
@@ -168,9 +189,10 @@ def _measure(mode, batch, step_inputs, ref, model, args, profile, expert_bytes):
     row.update(floor_ms=ref.get("floor_ms"), active_experts=ref.get("active_experts"))
     if mode == "nohost":
         row["nohost_reads_bytes"] = batch * model.top_k * expert_bytes * model.layers
+    row["written_out"] = writes_out(args.unroll, mode, batch)
     window = None
     try:
-        step = make_step(MODES[mode], model)
+        step = make_step(MODES[mode], model, written_out=row["written_out"])
         if "check" in ref:
             first, x, y_sync = ref["check"]
             row["rel_error_vs_sync"] = _rel_error(step(first, x), y_sync)
@@ -186,7 +208,8 @@ def _measure(mode, batch, step_inputs, ref, model, args, profile, expert_bytes):
 
 
 def markdown(results, modes, batches):
-    """Rows are batch sizes, columns modes; a cell is median ms (ratio to floor, GPU idle fraction)."""
+    """Rows are batch sizes, columns modes; a cell is median ms (ratio to floor, GPU idle fraction,
+    and "written out" where the step's layers were)."""
     cell = {(r["mode"], r["batch"]): r for r in results}
 
     def fmt(r):
@@ -194,7 +217,8 @@ def markdown(results, modes, batches):
             return "error"
         ratio = f"{r['ratio_to_floor']:.1f}x" if r["ratio_to_floor"] is not None else "-"
         idle = f"{100 * r['idle_fraction']:.0f}% idle" if r["idle_fraction"] is not None else "-"
-        return f"{r['median_ms']:.3f} ({ratio}, {idle})"
+        layers = ", written out" if r["written_out"] else ""
+        return f"{r['median_ms']:.3f} ({ratio}, {idle}{layers})"
 
     floors = {r["batch"]: r["floor_ms"] for r in results}
     lines = ["| T | floor ms | " + " | ".join(modes) + " |", "|---" * (len(modes) + 2) + "|"]
@@ -242,6 +266,9 @@ def add_arguments(parser):
     parser.add_argument("--batches", type=int, nargs="+",
                         help="tokens per step (default: 1 to 256, powers of 2, on a GPU; 1 8 64 elsewhere)")
     parser.add_argument("--modes", nargs="+", choices=list(MODES), help="default: all")
+    parser.add_argument("--unroll", choices=UNROLL, default="auto",
+                        help="the step's layers written out (always) or scanned (never); auto (default): written out where "
+                             "te_async.models' decode step writes them out (device mode at T=1 and 4-16)")
     parser.add_argument("--reps", type=int, default=30, help=f"timing samples of {INNER} steps each (default: 30)")
     parser.add_argument("--profile", action=argparse.BooleanOptionalAction, default=None,
                         help="a profiled run for the GPU's bubble (default: on a GPU only)")
@@ -300,7 +327,7 @@ def run(args) -> dict:
         "benchmark": "decode",
         "config": dict(preset=preset, **model._asdict(), dtype=jnp.dtype(dtype).name, norm=NORM,
                        activation=ACTIVATION, expert_bytes=expert_bytes, batches=batches, modes=modes,
-                       reps=args.reps, inner=INNER, inputs=N_INPUTS, profile=profile,
+                       unroll=args.unroll, reps=args.reps, inner=INNER, inputs=N_INPUTS, profile=profile,
                        profiled_steps=PROFILED_STEPS, detail_batch=detail,
                        reference_errors={b: r["error"] for b, r in refs.items() if "error" in r}),
         "hbm_bytes_per_s": hbm,

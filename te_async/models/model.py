@@ -70,10 +70,10 @@ def _layer(p, cfg: Config, x, cos, sin, cache, position, window, group_sizes_mod
     return x + swiglu_mlp(p["mlp"], rms_norm(x, p["mlp_norm"], eps)), cache, None
 
 
-def _unrolled(body, carry, xs) -> tuple:
-    """lax.scan(body, carry, xs) over the layers written out: layer i runs on static slices of the
-    stacked params, with i a Python int (so the cache's LayerOf index is static too), which XLA's
-    GEMMs read in place (dense.static_weight_slices)."""
+def written_out_scan(body, carry, xs) -> tuple:
+    """lax.scan(body, carry, xs) over the layers written out, xs = (stacked params, layer indices):
+    layer i runs on static slices of the stacked params, with i a Python int (so the cache's
+    LayerOf index is static too), which XLA's GEMMs read in place (dense.static_weight_slices)."""
     stacked, layers = xs
     outs = []
     with dense.static_weight_slices():
@@ -115,7 +115,7 @@ def _decoder(params, cfg: Config, tokens, cache, position, group_sizes_mode, exp
                 (x, stack), chosen = body(carry, (layer, 0))
                 chosen = None if chosen is None else chosen[None]
             else:
-                scan = _unrolled if unroll else (te_async_scan if cache is None else jax.lax.scan)
+                scan = written_out_scan if unroll else (te_async_scan if cache is None else jax.lax.scan)
                 (x, stack), chosen = scan(body, carry, (params["layers"][r], jnp.arange(n, dtype=jnp.int32)))
         new_cache.append(stack)
         if chosen is not None:
