@@ -28,7 +28,7 @@ def test_decode_sweep_schema_and_agreement(tmp_path):
     for r in rows:
         assert tuple(r) == decode.RESULT_KEYS
         assert r["error"] is None, r
-        assert r["median_ms"] > 0 and r["floor_ms"] > 0 and r["ratio_to_floor"] > 0
+        assert r["median_ms"] > 0 and r["floor_ms"] > 0 and r["ratio_to_floor"] > 0 and r["loop_ms"] > 0
         assert 1 <= r["active_experts"] <= 8
         if r["batch"] == 4:  # --detail-batch 8 falls on the nearest batch run
             assert r["rel_error_vs_sync"] < tol, r

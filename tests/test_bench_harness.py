@@ -11,7 +11,7 @@ import pytest
 from te_async.bench import __main__ as cli
 from te_async import dense, models, token_ffn
 from te_async.bench import attention as attention_bench, decode_gemm, dense as dense_bench, prefill, presets, train
-from te_async.bench import train_model
+from te_async.bench import timing, train_model
 
 from reference import grouped_gemm_reference, mlp_reference, random_group_sizes, rel_error
 
@@ -299,8 +299,6 @@ def test_results_name_the_tree_that_ran(tmp_path, monkeypatch):
     import shutil
     import subprocess
 
-    from te_async.bench import timing
-
     if shutil.which("git") is None:
         pytest.skip("no git here")
     git = lambda *a: subprocess.run(["git", "-C", str(tmp_path), *a], capture_output=True, text=True,
@@ -320,3 +318,19 @@ def test_results_name_the_tree_that_ran(tmp_path, monkeypatch):
     assert git("status", "--porcelain") == "?? new.py"  # the checkout's own index is untouched
     monkeypatch.setenv("TE_ASYNC_COMMIT", "abc1234")
     assert timing.source_commit() == {"commit": "abc1234", "dirty": None, "tree": changed["tree"]}
+
+
+def test_chained_calls_feed_each_output_back_and_keep_the_callers_input():
+    """timing.chained_calls: every call takes the previous call's output (a decode loop), and the
+    caller's array survives the donation."""
+    seen = []
+
+    def step(c, x):
+        jax.debug.callback(lambda v: seen.append(float(v[0])), x)
+        return x + c
+
+    x = jnp.zeros(4, jnp.float32)
+    assert timing.chained_calls(step, jnp.float32(1.0), x, steps=4, warmup=2) > 0
+    jax.effects_barrier()
+    assert seen == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+    np.testing.assert_array_equal(x, np.zeros(4, np.float32))

@@ -26,9 +26,11 @@ The floor is the bytes of the experts a batch actually hits (counted on the host
 routing, per layer, averaged over the rotated inputs) over the HBM bandwidth measured in the
 same run. Every mode's first layer is checked against sync at one batch (rel_error_vs_sync; the
 first layer only, since later layers may route near-tied tokens differently after bf16 rounding,
-with no fault in either mode). Wall-clock latency is measured unprofiled; the bubble comes from
-a separate profiled run, because profiling turns XLA's command buffers off unless XLA_FLAGS says
-otherwise.
+with no fault in either mode). Wall-clock latency is measured unprofiled, two ways: steps on
+N_INPUTS rotated inputs, blocked on every INNER steps (median_ms: each step on new buffers), and a
+loop of steps each on the previous step's output, donated, as models.generate runs them (loop_ms;
+its routing drifts from the rotated inputs' as the loop goes). The bubble comes from a separate
+profiled run, because profiling turns XLA's command buffers off unless XLA_FLAGS says otherwise.
 """
 
 import argparse
@@ -56,7 +58,7 @@ except ImportError:  # tqdm is an optional extra
 RESULT_KEYS = (
     "mode", "batch", "median_ms", "p10_ms", "p90_ms", "samples", "floor_ms", "ratio_to_floor",
     "active_experts", "busy_us", "idle_us", "idle_fraction", "n_host_syncs", "n_graph_launches",
-    "n_kernels", "rel_error_vs_sync", "nohost_reads_bytes", "written_out", "error",
+    "n_kernels", "rel_error_vs_sync", "nohost_reads_bytes", "written_out", "loop_ms", "error",
 )
 PROFILE_KEYS, CMDBUF_FLAG = timing.PROFILE_KEYS, timing.CMDBUF_FLAG
 ANNOTATION = "decode_step"
@@ -197,6 +199,7 @@ def _measure(mode, batch, step_inputs, ref, model, args, profile, expert_bytes):
             first, x, y_sync = ref["check"]
             row["rel_error_vs_sync"] = _rel_error(step(first, x), y_sync)
         row.update(timing.time_calls(step, step_inputs, reps=args.reps, inner=INNER).as_dict())
+        row["loop_ms"] = 1e3 * timing.chained_calls(step, *step_inputs[0], steps=args.reps * INNER)
         if row["floor_ms"]:
             row["ratio_to_floor"] = row["median_ms"] / row["floor_ms"]
         if profile:
@@ -209,7 +212,7 @@ def _measure(mode, batch, step_inputs, ref, model, args, profile, expert_bytes):
 
 def markdown(results, modes, batches):
     """Rows are batch sizes, columns modes; a cell is median ms (ratio to floor, GPU idle fraction,
-    and "written out" where the step's layers were)."""
+    and "written out" where the step's layers were), then the ms per step of a donated loop."""
     cell = {(r["mode"], r["batch"]): r for r in results}
 
     def fmt(r):
@@ -218,7 +221,8 @@ def markdown(results, modes, batches):
         ratio = f"{r['ratio_to_floor']:.1f}x" if r["ratio_to_floor"] is not None else "-"
         idle = f"{100 * r['idle_fraction']:.0f}% idle" if r["idle_fraction"] is not None else "-"
         layers = ", written out" if r["written_out"] else ""
-        return f"{r['median_ms']:.3f} ({ratio}, {idle}{layers})"
+        loop = f", loop {r['loop_ms']:.3f}" if r["loop_ms"] is not None else ""
+        return f"{r['median_ms']:.3f} ({ratio}, {idle}{layers}){loop}"
 
     floors = {r["batch"]: r["floor_ms"] for r in results}
     lines = ["| T | floor ms | " + " | ".join(modes) + " |", "|---" * (len(modes) + 2) + "|"]

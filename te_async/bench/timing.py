@@ -53,6 +53,23 @@ def time_calls(fn: Callable, inputs: Sequence[tuple], *, reps: int = 30, inner: 
     return Timing(statistics.median(per_call), float(q[0]), float(q[1]), reps)
 
 
+def chained_calls(fn: Callable, const, x, *, steps: int = 50, warmup: int = 3) -> float:
+    """Seconds per call of x = fn(const, x), each call on the previous one's output, donated, the
+    calls dispatched back to back and blocked on once: a decode loop's rate, as models.generate
+    runs its steps, where a step's buffers can keep their addresses from call to call (time_calls'
+    rotated inputs and fresh outputs cannot)."""
+    run = jax.jit(fn, donate_argnums=1)
+    x = jnp.array(x)  # a copy: the caller's array is not donated
+    for _ in range(warmup):
+        x = run(const, x)
+    jax.block_until_ready(x)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        x = run(const, x)
+    jax.block_until_ready(x)
+    return (time.perf_counter() - t0) / steps
+
+
 _CALL = "te_async_timed_call"
 
 

@@ -3,10 +3,9 @@
 # 1. stop 60's stripe read probe on the H200 (does it read 256-byte pieces faster than 128 by more
 #    than the H100's 2-3 %?).
 # 2. main built with CUTLASS for sm_90a: bench decode device T = 1 8 64 (the issues' H200 figures,
-#    the layers written out at T = 1 and 8 by --unroll auto) and T = 1 8 scanned (--unroll never).
-# 3. unroll_probe.py T = 1 8: the harness's wall clock against a donated loop's, and the host's
-#    dispatch time per step.
-# 4. bench generate B = 1 (#17's figure), then GPU tests in the time left.
+#    the layers written out at T = 1 and 8 by --unroll auto) and T = 1 8 scanned (--unroll never),
+#    each row also timed as a donated loop (loop_ms, since stop 61).
+# 3. bench generate B = 1 (#17's figure), then GPU tests in the time left.
 set -u
 T=docs/trials/2026-12-07-h200-decode; R=/tmp/h2d; rm -rf $R; mkdir -p $R; T0=$SECONDS; S=$PWD; L=$OUT/summary.txt
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee $R/gpu.txt > $L
@@ -27,8 +26,6 @@ for u in auto never; do
     --reps 10 --no-plots --detail-batch 8 --out $R/decode_$u) > $R/decode_$u.log 2>&1
   echo "--- bench decode --unroll $u (at $((SECONDS - T0)) s)" >> $L; grep -E '^\| [0-9]' $R/decode_$u/decode.md >> $L
 done
-(cd / && PYTHONPATH=/tmp/w_main timeout 150 python3 -P $S/$T/unroll_probe.py 1 8) > $R/unroll_probe.txt 2>&1
-cat $R/unroll_probe.txt >> $L
 (cd / && PYTHONPATH=/tmp/w_main timeout 120 python3 -P -m te_async.bench generate --preset deepseek-v2-lite --batches 1 \
   --modes device --steps 60 --no-plots --out $R/generate) > $R/generate.log 2>&1
 echo "generate (at $((SECONDS - T0)) s): $(grep -E '^\| [0-9]' $R/generate/generate.md)" >> $L
