@@ -320,17 +320,17 @@ def test_results_name_the_tree_that_ran(tmp_path, monkeypatch):
     assert timing.source_commit() == {"commit": "abc1234", "dirty": None, "tree": changed["tree"]}
 
 
-def test_chained_calls_feed_each_output_back_and_keep_the_callers_input():
-    """timing.chained_calls: every call takes the previous call's output (a decode loop), and the
-    caller's array survives the donation."""
+def test_chained_calls_feed_each_state_back_and_keep_the_callers_arrays():
+    """timing.chained_calls: every call takes the previous call's state (a decode loop), and the
+    caller's arrays survive the donation."""
     seen = []
 
-    def step(c, x):
-        jax.debug.callback(lambda v: seen.append(float(v[0])), x)
-        return x + c
+    def step(c, state):
+        jax.debug.callback(lambda v: seen.append(float(v[0])), state[1])
+        return state[0] + 1, state[1] + c
 
-    x = jnp.zeros(4, jnp.float32)
-    assert timing.chained_calls(step, jnp.float32(1.0), x, steps=4, warmup=2) > 0
+    state = (jnp.int32(0), jnp.zeros(4, jnp.float32))
+    assert timing.chained_calls(step, jnp.float32(1.0), state, steps=4, warmup=2) > 0
     jax.effects_barrier()
     assert seen == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
-    np.testing.assert_array_equal(x, np.zeros(4, np.float32))
+    np.testing.assert_array_equal(state[1], np.zeros(4, np.float32))

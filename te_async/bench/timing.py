@@ -53,20 +53,20 @@ def time_calls(fn: Callable, inputs: Sequence[tuple], *, reps: int = 30, inner: 
     return Timing(statistics.median(per_call), float(q[0]), float(q[1]), reps)
 
 
-def chained_calls(fn: Callable, const, x, *, steps: int = 50, warmup: int = 3) -> float:
-    """Seconds per call of x = fn(const, x), each call on the previous one's output, donated, the
-    calls dispatched back to back and blocked on once: a decode loop's rate, as models.generate
-    runs its steps, where a step's buffers can keep their addresses from call to call (time_calls'
-    rotated inputs and fresh outputs cannot)."""
+def chained_calls(fn: Callable, const, state, *, steps: int = 50, warmup: int = 3) -> float:
+    """Seconds per call of state = fn(const, state), the state donated, the calls dispatched back
+    to back and blocked on once: a decode loop's rate, as models.generate runs its steps, where a
+    step's buffers keep their addresses from call to call (time_calls' rotated inputs and fresh
+    outputs move them, and XLA re-records a CUDA graph whose buffers moved)."""
     run = jax.jit(fn, donate_argnums=1)
-    x = jnp.array(x)  # a copy: the caller's array is not donated
+    state = jax.tree_util.tree_map(jnp.array, state)  # copies: the caller's arrays are not donated
     for _ in range(warmup):
-        x = run(const, x)
-    jax.block_until_ready(x)
+        state = run(const, state)
+    jax.block_until_ready(state)
     t0 = time.perf_counter()
     for _ in range(steps):
-        x = run(const, x)
-    jax.block_until_ready(x)
+        state = run(const, state)
+    jax.block_until_ready(state)
     return (time.perf_counter() - t0) / steps
 
 
