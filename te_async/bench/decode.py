@@ -103,14 +103,12 @@ def _gathered_mlp(rows, group_sizes, w_fc1, w_fc2):
     return jnp.einsum("mf,mfh->mh", activate(h, ACTIVATION), jnp.take(w_fc2, expert, axis=0))
 
 
-MODES = {"sync": _te_moe("sync"), "async": _te_moe("async"), "async_late": _te_moe("async", early_copy=False)}
+# moe_block's arguments of each te_async mode; its group_sizes_mode also decides models.model.unrolls.
+TE_MODES = {"sync": dict(mode="sync"), "async": dict(mode="async"), "async_late": dict(mode="async", early_copy=False)}
 if "device" in GROUP_SIZES_MODES:
-    MODES["device"] = _te_moe("device")
-    MODES["device_unfused"] = _te_moe("device", fuse=False)
+    TE_MODES.update(device=dict(mode="device"), device_unfused=dict(mode="device", fuse=False))
+MODES = {name: _te_moe(**kw) for name, kw in TE_MODES.items()}
 MODES.update(ragged_dot=_routed(ragged_dot_mlp), nohost=_routed(_gathered_mlp))
-# The group_sizes_mode of each te_async mode, for models.model.unrolls (the others never unroll).
-GROUP_SIZES_MODE = {"sync": "sync", "async": "async", "async_late": "async", "device": "device",
-                    "device_unfused": "device"}
 UNROLL = ("auto", "never", "always")
 
 
@@ -119,7 +117,7 @@ def writes_out(unroll: str, mode: str, batch: int) -> bool:
     with "auto" where te_async.models' decode step does."""
     if unroll != "auto":
         return unroll == "always"
-    return mode in GROUP_SIZES_MODE and unrolls(batch, GROUP_SIZES_MODE[mode])
+    return mode in TE_MODES and unrolls(batch, TE_MODES[mode]["mode"])
 
 
 def make_step(layer, model, with_experts=False, written_out=False):
