@@ -104,6 +104,7 @@ def test_train_stack_matches_float64(rng, scan, contender, per_layer):
 
 
 @pytest.mark.parametrize("argv,message", [(["decode-gemm", "--modes", "reed"], "invalid choice"),
+                                          (["decode", "--unroll", "sometimes"], "invalid choice"),
                                           (["prefill", "--gemms", "fc3"], "invalid choice"),
                                           (["dense", "--rows", "0"], "must be a positive integer"),
                                           (["dense", "--layers", "-2"], "must be a positive integer"),
