@@ -19,7 +19,9 @@ one token 1.31x faster than the four kernels it replaces (43.9 against 57.6 us p
 routing kernel and the sum; 1.48x the weights' read floor), the whole model's B=1 step 1.10x
 faster; a dense MLP alone measured even with te_async.dense.linear's two kernels (17.4 against
 17.3 us). Two 256-thread blocks per SM measured as fast as one 512-thread block and faster than
-four; fewer, larger blocks of units read slower (plan_units).
+four. Where clusters exist (compute capability 9.0), an item's units take a cluster of two
+blocks, each reading half of fc1's rows and writing half of fc2's columns: wide units with the
+SMs still filled, DeepSeek-V2-Lite's B=1 step 5.6 % faster on an H100 (plan_split).
 
 The rounding is the unfused path's: fc1's output and the activation are rounded to x's dtype
 (grouped_mlp, te_async.mlp.activate); the routed experts and the shared experts are then summed in
@@ -41,8 +43,15 @@ DTYPES = ("bfloat16", "float16")
 MAX_HIDDEN = 4096  # csrc/cuda/token_ffn.cu: x is held in shared memory as float32
 MAX_UNITS = 256
 VEC = 8  # 16-bit elements per 16-byte load: H, F and the units of a block are multiples of it
-SECTOR = 32  # bytes the memory system moves at a time
 BLOCKS_PER_SM = 2  # csrc/cuda/token_ffn.cu's thread blocks resident per SM
+SLICES = (1, 2)  # blocks of an item's thread-block cluster (plan_split says why no more)
+WIDE_UNITS = 128  # 256 bytes of a row's gate (or linear) slice: wider pieces read no faster
+FILL = 2 / 3  # the share of a wave of blocks that keeps enough loads in flight (plan_split)
+
+
+class Split(NamedTuple):
+    units: int  # output units of an item: fc1's gate and linear columns, fc2's rows
+    slices: int  # thread blocks of an item's cluster, each on a share of H (1: no cluster)
 
 
 class Routed(NamedTuple):
@@ -67,24 +76,28 @@ def applies(x: jax.Array, routed: Optional[Routed] = None, shared: Optional[Shar
             and all(f % VEC == 0 and f > 0 for f in ffns))
 
 
-def plan_units(top_k: int, ffn: int, shared_ffn: int, hidden: int, sms: int) -> int:
-    """Units per thread block, a multiple of 8: the fewest waves of BLOCKS_PER_SM blocks per SM,
-    then the least time on the busiest SM, then the fewest bytes in all. An SM's time is its bytes
-    (the whole 32-byte sectors that fc1's column slices touch) over its blocks, up to BLOCKS_PER_SM:
-    one block alone has too few loads in flight to read at an SM's share of the bandwidth. Measured
-    on an H200 (26 token_moe layers, wall clock per layer, 2026-12-02): DeepSeek-V2-Lite's routed
-    and shared experts 68.9 us at 48 units (239 blocks) against 71.5 / 74.3 / 78.8 / 78.4 at
-    64 / 32 / 24 / 16; Qwen3-30B-A3B's routed experts 56.5 us at 32 (192 blocks) and 24 (256)
-    against 64.3 at 48 (128 blocks, one per SM) and 66.6 at 16 (384, two waves)."""
-    def cost(units):
-        items = blocks(top_k, ffn, shared_ffn, units)
-        row = 2 * units  # bytes of one row's gate (or linear) slice, 16-bit weights
-        touched = math.ceil(row / SECTOR) * SECTOR + (SECTOR // 2 if row % SECTOR else 0)
-        per_item = hidden * 2 * touched + units * hidden * 2
-        per_sm = math.ceil(items / sms)
-        busiest = per_sm * per_item / min(per_sm, BLOCKS_PER_SM)
-        return math.ceil(items / (BLOCKS_PER_SM * sms)), busiest, items * per_item
-    return min(range(VEC, MAX_UNITS + 1, VEC), key=cost)
+def plan_split(top_k: int, ffn: int, shared_ffn: int, hidden: int, sms: int, clusters: bool) -> Split:
+    """The fewest waves of BLOCKS_PER_SM blocks per SM; then blocks filling at least FILL of a wave,
+    so that enough loads are in flight; then the widest units up to WIDE_UNITS (and F), so that fc1's rows
+    are read in wide pieces and there are few items (each adds a row of partials and its fixed
+    costs); then the fewest units and slices. A cluster of slices splits an item's rows of fc1 and
+    columns of fc2, so wide units still fill the SMs.
+
+    Measured on an H100 (2026-12-06, docs/results/2026-12-06-h100-token-ffn-clusters): DeepSeek-V2-Lite's
+    routed and shared experts at one token, GPU us a layer with the routing, 55.5 at 128 units in
+    2 slices (176 blocks) against 56.7 / 57.5 at 96 / 88 units in 2 (240 / 256 blocks) and 58.3 at 48
+    in 1 (239, the plan without clusters); clusters of 4 and 8 blocks lost 10-20 us at a full wave
+    (fewer of them are resident at once: a cluster's blocks share a GPC), hence SLICES. Its routed
+    experts alone: 44.8 at 64 units in 2 (264 blocks), 45.5 at 128 in 2 (132), 45.6 at 48 in 1. On
+    an H200 without clusters (2026-12-02) 48 units (239 blocks) beat 64 (176) by 4 %: FILL is the
+    H100's."""
+    slots, widest = BLOCKS_PER_SM * sms, min(WIDE_UNITS, math.ceil(max(ffn, shared_ffn) / VEC) * VEC)
+
+    def cost(p: Split):
+        grid = blocks(top_k, ffn, shared_ffn, p.units) * p.slices
+        return math.ceil(grid / slots), grid < FILL * slots, -min(p.units, widest), p.units, p.slices
+    slices = [s for s in SLICES if (clusters or s == 1) and s <= hidden // VEC]
+    return min((Split(u, s) for u in range(VEC, MAX_UNITS + 1, VEC) for s in slices), key=cost)
 
 
 def blocks(top_k: int, ffn: int, shared_ffn: int, units: int) -> int:
@@ -131,13 +144,15 @@ def _weights(routed, shared):
 
 
 def plan_call(x: jax.Array, top_k: int, ffn: int, shared_ffn: int) -> tuple:
-    """(units per block, the call's outputs: y [1, H] in x's dtype and the float32 [items, H] partials
-    it sums, each item's) of a call on x [1, H]."""
-    # The fewest SMs of the local GPUs; without a GPU (the kernel's branch is traced, never run) any.
-    sms = min(s for _, s in plan.local_gpu_kinds()) if _ffi.gpu_present() else 1
-    units = plan_units(top_k, ffn, shared_ffn, x.shape[1], sms)
-    partials = jax.ShapeDtypeStruct((blocks(top_k, ffn, shared_ffn, units), x.shape[1]), jnp.float32)
-    return units, (jax.ShapeDtypeStruct(x.shape, x.dtype), partials)
+    """(the call's attributes, units and slices; its outputs: y [1, H] in x's dtype and the float32
+    [items, H] partials it sums, each item's) of a call on x [1, H]."""
+    # The fewest SMs and the lowest compute capability of the local GPUs (clusters from 9.0);
+    # without a GPU (the kernel's branch is traced, never run) any.
+    kinds = plan.local_gpu_kinds() if _ffi.gpu_present() else {(0, 1)}
+    sms, clusters = min(s for _, s in kinds), min(cc for cc, _ in kinds) >= 90
+    p = plan_split(top_k, ffn, shared_ffn, x.shape[1], sms, clusters)
+    partials = jax.ShapeDtypeStruct((blocks(top_k, ffn, shared_ffn, p.units), x.shape[1]), jnp.float32)
+    return p._asdict(), (jax.ShapeDtypeStruct(x.shape, x.dtype), partials)
 
 
 def _kernel(x, routed, shared):
@@ -150,8 +165,8 @@ def _kernel(x, routed, shared):
     w_gate_up, w_down, scale = ((jnp.zeros((h, 0), x.dtype), jnp.zeros((0, h), x.dtype), None) if shared is None
                                 else shared)
     scale = jnp.ones((1,), jnp.float32) if scale is None else scale.reshape(1).astype(jnp.float32)
-    units, out = plan_call(x, experts.shape[0], w_fc2.shape[1], w_down.shape[0])
-    y, _ = jax.ffi.ffi_call(TOKEN_FFN, out)(x, w_fc1, w_fc2, experts, weights, w_gate_up, w_down, scale, units=units)
+    attrs, out = plan_call(x, experts.shape[0], w_fc2.shape[1], w_down.shape[0])
+    y, _ = jax.ffi.ffi_call(TOKEN_FFN, out)(x, w_fc1, w_fc2, experts, weights, w_gate_up, w_down, scale, **attrs)
     return y
 
 

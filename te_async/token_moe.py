@@ -135,10 +135,10 @@ def _kernel(x, scale, router, w_fc1, w_fc2, shared, s: _Static):
     h = x.shape[1]
     w_gate_up, w_down = ((jnp.zeros((h, 0), x.dtype), jnp.zeros((0, h), x.dtype)) if shared is None
                          else (shared.w_gate_up, shared.w_down))
-    units, out = token_ffn.plan_call(x, s.top_k, w_fc2.shape[1], w_down.shape[0])
+    attrs, out = token_ffn.plan_call(x, s.top_k, w_fc2.shape[1], w_down.shape[0])
     routing = (jax.ShapeDtypeStruct((1, s.top_k), jnp.float32), jax.ShapeDtypeStruct((1, s.top_k), jnp.int32))
     y, _, weights, experts = jax.ffi.ffi_call(TOKEN_MOE, out + routing)(
-        x, scale, router, w_fc1, w_fc2, w_gate_up, w_down, units=units, top_k=s.top_k, n_group=s.n_group,
+        x, scale, router, w_fc1, w_fc2, w_gate_up, w_down, **attrs, top_k=s.top_k, n_group=s.n_group,
         topk_group=s.topk_group, renormalize=s.renormalize, scaling=np.float32(s.scaling), eps=np.float32(s.eps),
         round_first=s.round_first, router_reads_normed=s.reads_normed, residual=s.residual)
     return y, weights, experts

@@ -1,9 +1,8 @@
 """te_async.token_ffn: one token's routed and shared experts in one kernel, against a float64
 reference (CPU: the JAX reference path; GPU: the kernel, with poisoned outputs in gpu_check.sh's
 runs), on random routings, repeated experts, sizes whose unit blocks leave tails, bf16 and f16,
-Qwen2-MoE's shared scale; the unit plan; the errors for what it cannot run."""
-
-import math
+Qwen2-MoE's shared scale; each item's units over a thread-block cluster; the plan of units and
+slices; the errors for what it cannot run."""
 
 import jax
 import jax.numpy as jnp
@@ -77,18 +76,30 @@ def test_reference_path_against_float64(rng, case):
     assert rel_error(y, reference(x, routed, shared)) < TOL[jnp.bfloat16]
 
 
-def test_plan_units():
-    """Multiples of 8; one wave of two blocks per SM where the units allow it; on 132 SMs
-    DeepSeek-V2-Lite's routed and shared experts and Qwen3-30B-A3B's routed experts get the units
-    measured fastest on an H200 (plan_units' docstring: 48 and 32)."""
-    for top_k, ffn, shared_ffn, hidden in [(6, 1408, 2816, 2048), (6, 1408, 0, 2048), (0, 0, 2816, 2048),
-                                           (8, 768, 0, 2048), (2, 14336, 0, 4096), (3, 1000, 24, 264)]:
-        units = tf.plan_units(top_k, ffn, shared_ffn, hidden, 132)
-        items = top_k * math.ceil(ffn / units) + math.ceil(shared_ffn / units)
-        assert units % 8 == 0 and 8 <= units <= tf.MAX_UNITS, (top_k, ffn, shared_ffn, units)
-        assert items <= tf.BLOCKS_PER_SM * 132, (top_k, ffn, shared_ffn, units, items)
-    assert tf.plan_units(6, 1408, 2816, 2048, 132) == 48
-    assert tf.plan_units(8, 768, 0, 2048, 132) == 32
+PLAN_SHAPES = [(6, 1408, 2816, 2048), (6, 1408, 0, 2048), (0, 0, 2816, 2048), (0, 0, 10944, 2048), (8, 768, 0, 2048),
+               (2, 14336, 0, 4096), (3, 1000, 24, 264), (0, 0, 8, 8)]
+
+
+@pytest.mark.parametrize("clusters", [False, True])
+def test_plan_split(clusters):
+    """Multiples of 8, none past the widest F; slices of SLICES, 1 without clusters, at most H / 8;
+    one wave of two blocks per SM, filled to FILL where the units allow it."""
+    slots = tf.BLOCKS_PER_SM * 132
+    for top_k, ffn, shared_ffn, hidden in PLAN_SHAPES:
+        units, slices = tf.plan_split(top_k, ffn, shared_ffn, hidden, 132, clusters)
+        assert units % 8 == 0 and 8 <= units <= min(tf.MAX_UNITS, max(ffn, shared_ffn)), (top_k, ffn, shared_ffn, units)
+        assert slices in tf.SLICES and slices <= hidden // 8 and (clusters or slices == 1)
+        grid = tf.blocks(top_k, ffn, shared_ffn, units) * slices
+        assert grid <= slots, (top_k, ffn, shared_ffn, units, slices)
+        if tf.blocks(top_k, ffn, shared_ffn, 8) * max(tf.SLICES if clusters else (1,)) >= slots:
+            assert grid >= tf.FILL * slots, (top_k, ffn, shared_ffn, units, slices)
+
+
+def test_plan_split_measured_choice():
+    """On 132 SMs with clusters DeepSeek-V2-Lite's routed and shared experts get the split measured
+    fastest on an H100 (plan_split's docstring): 128 units in clusters of 2."""
+    assert tf.plan_split(6, 1408, 2816, 2048, 132, True) == (128, 2)
+    assert tf.plan_split(6, 1408, 2816, 2048, 132, False).slices == 1
 
 
 def test_errors(rng):
@@ -137,12 +148,55 @@ def test_kernel_sums_more_items_than_a_reduce_block_has_threads(rng, monkeypatch
     """8 units a block: 378 partials, so the reduce kernel's threads take two items each."""
     case = dict(hidden=264, experts=5, ffn=1000, top_k=3, shared_ffn=24)
     x, routed, shared = make(rng, **case, gated=True)
-    monkeypatch.setattr(tf, "plan_units", lambda *args: 8)
+    monkeypatch.setattr(tf, "plan_split", lambda *args: tf.Split(8, 1))
     assert tf.plan_call(x, 3, 1000, 24)[1][1].shape == (378, 264)
-    fn = jax.jit(tf._kernel)  # the kernel's branch itself: platform_dependent keeps the branches it traced
+    fn = _kernel_jit()
     y = fn(x, routed, shared)
     assert rel_error(y, reference(x, routed, shared)) < TOL[jnp.bfloat16]
     assert np.array_equal(np.asarray(fn(x, routed, shared)), np.asarray(y))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("split", [(8, 2), (48, 4), (128, 8), (256, 8), (24, 3)], ids=str)
+@pytest.mark.parametrize("case", [CASES[0], CASES[3], CASES[4]], ids=["deepseek", "tails", "qwen3"])
+def test_kernel_with_forced_splits(rng, monkeypatch, case, split):
+    """Each item's units over a cluster of blocks, at every cluster size the kernel takes and one it
+    takes but plan_split never picks (3): the shares of H's rows and column vectors uneven (H = 264:
+    33 vectors), units past F (the tails), more experts than units. A cluster of 3 blocks is within the
+    kernel's limits (it checks 1..8), so it is run here, with its 3-block shares."""
+    if not _clusters():
+        pytest.skip("thread-block clusters need compute capability 9.0")
+    x, routed, shared = make(rng, **case, gated=True)
+    monkeypatch.setattr(tf, "plan_split", lambda *args: tf.Split(*split))
+    fn = _kernel_jit()
+    y = fn(x, routed, shared)
+    assert rel_error(y, reference(x, routed, shared)) < TOL[jnp.bfloat16]
+    assert np.array_equal(np.asarray(fn(x, routed, shared)), np.asarray(y))
+    bad = routed._replace(experts=routed.experts.at[0, 0].set(routed.w_fc1.shape[0]))  # every block of the item's cluster
+    assert np.isnan(np.asarray(fn(x, bad, shared), np.float32)).all()
+
+
+@pytest.mark.gpu
+def test_kernel_refuses_a_bad_split(rng, monkeypatch):
+    x, routed, shared = make(rng, **CASES[3])
+    for split, why in [((8, 9), "slices must be in"), ((8, 0), "slices must be in"), ((264, 1), "units must be")]:
+        monkeypatch.setattr(tf, "plan_split", lambda *args, s=split: tf.Split(*s))
+        with pytest.raises(Exception, match=why):
+            _kernel_jit()(x, routed, shared).block_until_ready()
+    x, _, shared = make(rng, hidden=16, shared_ffn=16)  # two column vectors: at most two slices
+    monkeypatch.setattr(tf, "plan_split", lambda *args: tf.Split(16, 4))
+    with pytest.raises(Exception, match=r"slices must be in \[1, min\(8, H / 8\)\]"):
+        _kernel_jit()(x, None, shared).block_until_ready()
+
+
+def _kernel_jit():
+    """The kernel's branch itself (platform_dependent keeps the branches it traced), jitted anew, so
+    that the plan patched in is read: jax reuses a jitted function's trace for the same shapes."""
+    return jax.jit(lambda *args: tf._kernel(*args))
+
+
+def _clusters():
+    return min(cc for cc, _ in plan.local_gpu_kinds()) >= 90
 
 
 @pytest.mark.gpu

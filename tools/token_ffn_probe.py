@@ -6,8 +6,9 @@ the permutation fused, an XLA sum), the shared MLP through dense.linear's two sm
 call runs 26 weight copies unrolled in one jit (one CUDA graph, as bench dense), so no layer finds
 its weights in L2; per layer: wall clock (bench.timing.time_calls) and GPU busy time (a profile).
 Both include the routing kernel where experts are routed, and token_ffn's XLA sum of its blocks'
-partials. Then token_ffn with its units per block forced (calling its kernel branch directly:
-jax caches the traced branches of platform_dependent). Usage: python3 -P tools/token_ffn_probe.py"""
+partials. Then token_ffn with its plan (units per item, blocks per item's cluster) forced (calling
+its kernel branch directly: jax caches the traced branches of platform_dependent), among them the
+plan without clusters. Usage: python3 -P tools/token_ffn_probe.py"""
 import jax, jax.numpy as jnp, numpy as np
 from te_async import token_ffn as tf, decode_moe
 from te_async.models.ffn import swiglu_mlp
@@ -26,7 +27,7 @@ W = [(jax.random.normal(jax.random.fold_in(key, i), (E, H, 2 * F), bf) * 0.02,
       jax.random.normal(jax.random.fold_in(key, 250 + i), (FS, H), bf) * 0.02) for i in range(L)]
 routed_bytes = K * 3 * H * F * 2
 shared_bytes = 3 * H * FS * 2
-orig = tf.plan_units
+orig = tf.plan_split
 
 def measure(name, fn, floor_bytes):
     call = jax.jit(lambda x, lg, w: [fn(x, l, *c) for l, c in zip(lg, w)])
@@ -36,12 +37,12 @@ def measure(name, fn, floor_bytes):
     print(f"{name:44s} wall {1e6*wall:7.2f} us  GPU {1e6*gpu:7.2f} us  floor {1e6*floor:6.2f}  ({gpu/floor:.2f}x GPU)", flush=True)
     return call
 
-def tok(units=None, routed=True, shared=True):
+def tok(forced=None, routed=True, shared=True):
     def f(x, lg, w1, w2, s1, s2):
-        tf.plan_units = (lambda *a: units) if units else orig
+        tf.plan_split = (lambda *a: tf.Split(*forced)) if forced else orig
         r, _ = route(lg, K, renormalize=False)
-        # forced units: the kernel's branch called directly (jax caches platform_dependent's traces)
-        run = tf._kernel if units else tf.token_ffn
+        # a forced plan: the kernel's branch called directly (jax caches platform_dependent's traces)
+        run = tf._kernel if forced else tf.token_ffn
         return run(x, tf.Routed(r.experts, r.weights, w1, w2) if routed else None, tf.Shared(s1, s2) if shared else None)
     return f
 
@@ -56,18 +57,21 @@ def old(routed=True, shared=True):
         return y
     return f
 
-print(f"HBM read {hbm/1e12:.2f} TB/s; plan: routed+shared {orig(K, F, FS, H, 132)}, routed {orig(K, F, 0, H, 132)}, shared {orig(0, 0, FS, H, 132)}")
+def sweep(name, plans, **which):
+    for p in plans:
+        measure(f"{name}: token_ffn units {p[0]} slices {p[1]}", tok(p, **which), (routed_bytes if which.get("routed", True) else 0) + (shared_bytes if which.get("shared", True) else 0))
+
+unclustered = lambda k, f, fs: tuple(orig(k, f, fs, H, 132, False))
+print(f"HBM read {hbm/1e12:.2f} TB/s; plan: routed+shared {orig(K, F, FS, H, 132, True)}, routed {orig(K, F, 0, H, 132, True)}, "
+      f"shared {orig(0, 0, FS, H, 132, True)}; without clusters {unclustered(K, F, FS)}, {unclustered(K, F, 0)}, {unclustered(0, 0, FS)}", flush=True)
 c_new = measure("routed+shared: token_ffn (plan)", tok(), routed_bytes + shared_bytes)
 c_old = measure("routed+shared: fused fc1, fc2 + shared 2 kernels", old(), routed_bytes + shared_bytes)
 ref = np.asarray(c_old(x, logits, W)[0], np.float32); got = np.asarray(c_new(x, logits, W)[0], np.float32)
 print("  max |new - old| / max|old|:", float(np.abs(got - ref).max() / np.abs(ref).max()))
-for u in (32, 48, 64, 96):
-    measure(f"routed+shared: token_ffn units {u}", tok(u), routed_bytes + shared_bytes)
+sweep("routed+shared", [unclustered(K, F, FS), (88, 2), (96, 2), (128, 2), (176, 4), (88, 4)])
 measure("routed: token_ffn (plan)", tok(shared=False), routed_bytes)
 measure("routed: fused fc1, fc2", old(shared=False), routed_bytes)
-for u in (32, 64, 128):
-    measure(f"routed: token_ffn units {u}", tok(u, shared=False), routed_bytes)
+sweep("routed", [unclustered(K, F, 0), (48, 1), (64, 2), (128, 4), (176, 4), (128, 2)], shared=False)
 measure("shared: token_ffn (plan)", tok(routed=False), shared_bytes)
 measure("shared: te_async 2 kernels", old(routed=False), shared_bytes)
-for u in (16, 32, 64):
-    measure(f"shared: token_ffn units {u}", tok(u, routed=False), shared_bytes)
+sweep("shared", [unclustered(0, 0, FS), (48, 1), (96, 8), (128, 8), (64, 4), (48, 4), (88, 8)], routed=False)

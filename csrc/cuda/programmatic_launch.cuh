@@ -24,22 +24,39 @@ __device__ __forceinline__ void WaitForPrevious() {
 #endif
 }
 
-// kernel<<<grid, block, shared_bytes, stream>>>(args...), a programmatic dependent of the stream's
-// previous kernel where after_previous.
+// kernel<<<grid, block, shared_bytes, stream>>>(args...) in thread-block clusters of `cluster`
+// blocks (1: no cluster attribute), a programmatic dependent of the stream's previous kernel where
+// after_previous.
 template <typename... Params, typename... Args>
-cudaError_t LaunchDependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream,
-                            bool after_previous, const Args&... args) {
-  cudaLaunchAttribute attr = {};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
+cudaError_t LaunchDependentClusters(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes,
+                                    cudaStream_t stream, bool after_previous, int cluster, const Args&... args) {
+  cudaLaunchAttribute attrs[2] = {};
+  int count = 0;
+  if (after_previous) {
+    attrs[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[count++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (cluster > 1) {
+    attrs[count].id = cudaLaunchAttributeClusterDimension;
+    attrs[count].val.clusterDim.x = static_cast<unsigned>(cluster);
+    attrs[count].val.clusterDim.y = 1;
+    attrs[count++].val.clusterDim.z = 1;
+  }
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = shared_bytes;
   config.stream = stream;
-  config.attrs = &attr;
-  config.numAttrs = after_previous ? 1 : 0;
+  config.attrs = attrs;
+  config.numAttrs = count;
   return cudaLaunchKernelEx(&config, kernel, args...);
+}
+
+// The same without clusters.
+template <typename... Params, typename... Args>
+cudaError_t LaunchDependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream,
+                            bool after_previous, const Args&... args) {
+  return LaunchDependentClusters(kernel, grid, block, shared_bytes, stream, after_previous, 1, args...);
 }
 
 }  // namespace te_async

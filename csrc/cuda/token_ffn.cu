@@ -21,24 +21,29 @@
 //   are in one call, so XLA captures them into one graph node, where the programmatic edges hold.
 //
 // TokenFfnKernel. Work items: the units of each source (the shared experts, then routed choice c
-// of the top-k) cut into blocks of `units` (a multiple of 8, planned in Python:
-// token_ffn.plan_units) -> one thread block per item. The shared experts' blocks come first, so
+// of the top-k) cut into blocks of `units` (a multiple of 8) -> one thread-block cluster of
+// `slices` blocks per item (token_ffn.plan_split: wide blocks of units, so few items, split over
+// clusters where that keeps the SMs filled; one block per item below compute capability 9.0,
+// which has no clusters). The shared experts' blocks come first, so
 // that the block scheduler starts them first: where the items exceed one wave of resident
-// blocks, they are the ones that run during the routing (with one wave, as plan_units prefers,
+// blocks, they are the ones that run during the routing (with one wave, as plan_split prefers,
 // the order measured no different: docs/benchmarks.md, table GM's notes; every block taking a
 // shared slice before its routed item, so that all blocks read during the routing, measured
 // slower, as did issuing each phase's first loads ahead: table TF's notes). Item i of choice c
-// reads expert experts[c] on the GPU, so the kernel sits in a CUDA graph. Per item (256 threads):
+// reads expert experts[c] on the GPU, so the kernel sits in a CUDA graph. Per block (256 threads)
+// of rank r in its item's cluster:
 //   1. x [H] to shared memory as f32 (normalised there in the MoE call).
 //   2. fc1: the item's gate and linear columns (2 * units / 8 16-byte vectors per row of
-//      w_fc1 [H, 2F]) times x, summed over H: thread (g, v) owns vector v and rows g, g + G, ...
-//      (G row groups), 8 independent ld.global.nc loads in flight per thread, f32 FMAs; the G
-//      partial sums of each column are added in group order (deterministic).
+//      w_fc1 [H, 2F]) times x, summed over the block's share of H (rows r * H / slices ..):
+//      thread (g, v) owns vector v and rows g, g + G, ... (G row groups), 8 independent
+//      ld.global.nc loads in flight per thread, f32 FMAs; the G partial sums of each column are
+//      added in group order. Then each block adds the cluster's partial sums in rank order, read
+//      from their shared memory (deterministic, and the same in every block of the cluster).
 //   3. a[u] = silu(h_gate[u]) * h_lin[u], with h and a rounded to x's dtype as the unfused
 //      path rounds them (grouped_mlp: fc1 writes x's dtype; te_async.mlp.activate).
-//   4. fc2: rows u0 .. u0 + units of w_fc2 [F, H] (contiguous) times a, the same way, and the
-//      item's f32 partial output, times the routing weight (or the shared scale), goes to
-//      partial[i, :].
+//   4. fc2: rows u0 .. u0 + units of w_fc2 [F, H] times a, for the block's share of H's columns,
+//      the same way, and that share of the item's f32 partial output, times the routing weight
+//      (or the shared scale), goes to partial[i, :].
 // ReducePartialsKernel then sums partial over the items for 8 columns a block (one load of every
 // item's 32 bytes a thread, then a fixed tree: repeated runs give the same bits), rounds to x's
 // dtype and, in the MoE call, adds the residual x. It is a programmatic dependent of
@@ -52,6 +57,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+
+#include <cooperative_groups.h>
 
 #include <algorithm>
 #include <cmath>
@@ -85,6 +92,7 @@ constexpr int kUnroll = 8;        // loads in flight per thread
 constexpr int kNormSums = 32;     // sums of 8 threads' partials of x^2, in one order for both kernels
 constexpr int kMaxHidden = 4096;  // x in shared memory as f32, with the sums' scratch
 constexpr int kMaxUnits = 256;
+constexpr int kMaxSlices = 8;     // blocks of an item's cluster: the portable cluster size
 
 struct TokenNorm {
   const void* scale = nullptr;  // [H], x's dtype or f32; nullptr: x is used as it is
@@ -105,6 +113,7 @@ struct TokenFfnArgs {
   const float* shared_scale; // [1], or nullptr: 1
   float* out;                // [items, H]
   int hidden, num_experts, top_k, ffn, shared_ffn, units;
+  int slices;                // blocks of an item's cluster, each on a share of H (1: no cluster)
   int blocks_per_choice;     // items of one routed choice: ceil(ffn / units)
   int shared_items;          // the shared experts' items, first in the grid: ceil(shared_ffn / units)
   int items;                 // the grid: shared_items + top_k * blocks_per_choice
@@ -136,7 +145,7 @@ template <typename W>
 constexpr int kRoutePreload = 64 / Elem<W>::kVec;
 
 constexpr size_t FfnSharedBytes(int hidden, int units) {
-  return sizeof(float) * (hidden + 3 * units + kNormSums + kThreads * kVec);
+  return sizeof(float) * (hidden + 5 * units + kNormSums + kThreads * kVec);
 }
 
 constexpr size_t RouteSharedBytes(int hidden, int experts) {
@@ -338,28 +347,65 @@ __global__ void __launch_bounds__(kThreads) RouteTokenKernel(RouteTokenArgs a) {
   BlockTopK<kThreads, Form>(partials, a.top, scratch, a.weights, a.experts);
 }
 
+// Block `rank`'s share [begin, end) of n things split over `slices` blocks.
+struct Share {
+  int begin, end;
+  __device__ Share(int n, int rank, int slices)
+      : begin(static_cast<int>(1LL * n * rank / slices)), end(static_cast<int>(1LL * n * (rank + 1) / slices)) {}
+};
+
+// sums[c] = the cluster's `part`s added in rank order, c < n, in every block of the cluster (part:
+// each block's own, in its shared memory). Every thread of the cluster calls it. One slice: a copy.
+__device__ __forceinline__ void AddClusterParts(const float* part, float* sums, int n, int slices) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (slices > 1) {
+    cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+    cluster.sync();  // every block's part is in its shared memory
+    for (int c = threadIdx.x; c < n; c += kThreads) {
+      float s = 0.f;
+      for (int q = 0; q < slices; ++q) s += cluster.map_shared_rank(part, q)[c];
+      sums[c] = s;
+    }
+    __cluster_barrier_arrive();  // this block's reads are done; LeaveCluster waits for every block's
+    __syncthreads();
+    return;
+  }
+#endif
+  for (int c = threadIdx.x; c < n; c += kThreads) sums[c] = part[c];
+  __syncthreads();
+}
+
+// No block of a cluster leaves while another may still read its shared memory (AddClusterParts).
+__device__ __forceinline__ void LeaveCluster(int slices) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (slices > 1) __cluster_barrier_wait();
+#endif
+}
+
 template <typename T>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm) TokenFfnKernel(TokenFfnArgs a) {
   StartDependents();  // ReducePartialsKernel's blocks may take the SMs' free slots and read x
   extern __shared__ float smem[];
   float* xs = smem;                    // [H]
-  float* h = xs + a.hidden;            // [2 * units]: gate sums, then linear sums
+  float* part = xs + a.hidden;         // [2 * units]: this block's fc1 sums over its rows
+  float* h = part + 2 * a.units;       // [2 * units]: the cluster's, gate sums then linear sums
   float* act = h + 2 * a.units;        // [units]
   float* sums = act + a.units;         // [kNormSums]
   float* scratch = sums + kNormSums;   // [kThreads * kVec]
-  const int item = blockIdx.x, tid = threadIdx.x;
+  const int item = blockIdx.x / a.slices, rank = blockIdx.x % a.slices, tid = threadIdx.x;
   const bool routed = item >= a.shared_items;
   const int choice = routed ? (item - a.shared_items) / a.blocks_per_choice : 0;
   const int ffn = routed ? a.ffn : a.shared_ffn;
   const int u0 = (routed ? (item - a.shared_items) % a.blocks_per_choice : item) * a.units;
   const int units = min(a.units, ffn - u0);
   float* out = a.out + static_cast<long long>(item) * a.hidden;
+  const Share rows(a.hidden, rank, a.slices), columns(a.hidden / kVec, rank, a.slices);
   LoadToken<T>(static_cast<const T*>(a.x), a.hidden, a.norm, xs, sums);
   if (routed) WaitForPrevious();  // its expert and weight
   const int expert = routed ? a.experts[choice] : 0;
   const float scale = routed ? a.weights[choice] : a.shared_scale == nullptr ? 1.f : *a.shared_scale;
-  if (routed && (expert < 0 || expert >= a.num_experts)) {
-    for (int i = tid; i < a.hidden; i += kThreads) out[i] = NAN;
+  if (routed && (expert < 0 || expert >= a.num_experts)) {  // alike in every block of the cluster
+    for (int i = columns.begin * kVec + tid; i < columns.end * kVec; i += kThreads) out[i] = NAN;
     return;
   }
   const long long h2f = 2LL * a.hidden * ffn;
@@ -367,18 +413,20 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) TokenFfnKernel(TokenFf
   const T* w2 = routed ? static_cast<const T*>(a.w2) + expert * (h2f / 2) : static_cast<const T*>(a.shared_w2);
   const int half = units / kVec;  // vectors of gate (and of linear) columns per row
   WeightedRowSum<T, kThreads>(
-      w1, 2LL * ffn, a.hidden, xs, 2 * half,
+      w1 + 2LL * ffn * rows.begin, 2LL * ffn, rows.end - rows.begin, xs + rows.begin, 2 * half,
       [=](int c) { return static_cast<long long>(u0) + (c < half ? c * kVec : ffn + (c - half) * kVec); }, scratch,
-      [=](int col, float s) { h[col] = s; });
+      [=](int col, float s) { part[col] = s; });
+  AddClusterParts(part, h, 2 * units, a.slices);
   for (int u = tid; u < units; u += kThreads) {
     const float gate = Rounded<T>(h[u]), lin = Rounded<T>(h[units + u]);
     act[u] = Rounded<T>(SwigluF32(gate, lin));
   }
   __syncthreads();
   WeightedRowSum<T, kThreads>(
-      w2 + static_cast<long long>(u0) * a.hidden, a.hidden, units, act, a.hidden / kVec,
-      [](int c) { return static_cast<long long>(c) * kVec; }, scratch,
-      [=](int col, float s) { out[col] = scale * s; });
+      w2 + static_cast<long long>(u0) * a.hidden, a.hidden, units, act, columns.end - columns.begin,
+      [=](int c) { return static_cast<long long>(columns.begin + c) * kVec; }, scratch,
+      [=](int col, float s) { out[columns.begin * kVec + col] = scale * s; });
+  LeaveCluster(a.slices);
 }
 
 // out[c] = round(sum over items of partial[item][c]), plus x[c] rounded again where residual (as
@@ -420,7 +468,7 @@ bool HasDims(const ffi::AnyBuffer& b, std::initializer_list<int64_t> dims) {
 // caller); `bad` words the error. k: the routed choices (0: none).
 ffi::ErrorOr<TokenFfnArgs> FfnArgs(ffi::AnyBuffer x, ffi::AnyBuffer w1, ffi::AnyBuffer w2, int64_t k,
                                    ffi::AnyBuffer shared_w1, ffi::AnyBuffer shared_w2, ffi::AnyBuffer y,
-                                   ffi::AnyBuffer out, int64_t units,
+                                   ffi::AnyBuffer out, int64_t units, int64_t slices, bool clusters,
                                    const std::function<ffi::Error(const std::string&)>& bad) {
   auto fail = [&](const std::string& why) { return ffi::Unexpected(bad(why)); };
   const auto xd = x.dimensions(), d1 = w1.dimensions(), d2 = w2.dimensions();
@@ -447,6 +495,10 @@ ffi::ErrorOr<TokenFfnArgs> FfnArgs(ffi::AnyBuffer x, ffi::AnyBuffer w1, ffi::Any
   if (units % kVec != 0 || units < kVec || units > kMaxUnits) {
     return fail("units must be a multiple of 8 in [8, " + std::to_string(kMaxUnits) + "], got " + std::to_string(units));
   }
+  if (slices < 1 || slices > kMaxSlices || slices > hidden / kVec) {
+    return fail("slices must be in [1, min(" + std::to_string(kMaxSlices) + ", H / 8)], got " + std::to_string(slices));
+  }
+  if (slices > 1 && !clusters) return fail("slices > 1 needs thread-block clusters (compute capability 9.0 and up)");
   const int64_t per_choice = k > 0 ? CeilDiv(ffn, units) : 0, shared_items = CeilDiv(shared_ffn, units);
   const int64_t items = k * per_choice + shared_items;
   if (items < 1) return fail("nothing to compute: no routed choices and no shared experts");
@@ -472,6 +524,7 @@ ffi::ErrorOr<TokenFfnArgs> FfnArgs(ffi::AnyBuffer x, ffi::AnyBuffer w1, ffi::Any
   a.ffn = static_cast<int>(ffn);
   a.shared_ffn = static_cast<int>(shared_ffn);
   a.units = static_cast<int>(units);
+  a.slices = static_cast<int>(slices);
   a.blocks_per_choice = static_cast<int>(per_choice);
   a.shared_items = static_cast<int>(shared_items);
   a.items = static_cast<int>(items);
@@ -496,15 +549,17 @@ ffi::ErrorOr<bool> ProgrammaticLaunches() {
   return info->compute_capability >= 90;
 }
 
-// TokenFfnKernel over a.items blocks (a programmatic dependent of RouteTokenKernel where
-// after_routing), then ReducePartialsKernel into y [H] (of TokenFfnKernel where programmatic).
+// TokenFfnKernel over a.items clusters of a.slices blocks (a programmatic dependent of
+// RouteTokenKernel where after_routing), then ReducePartialsKernel into y [H] (of TokenFfnKernel
+// where programmatic).
 ffi::Error LaunchFfn(const TokenFfnArgs& a, ffi::DataType type, bool after_routing, bool programmatic, void* y,
                      bool residual, cudaStream_t stream) {
   const ReduceArgs r{a.out, a.x, y, a.items, a.hidden, residual};
   const auto launch = [&](auto ffn, auto reduce) {
-    TE_ASYNC_RETURN_IF_ERROR(CudaStatus(LaunchDependent(ffn, dim3(static_cast<unsigned>(a.items)), dim3(kThreads),
-                                                        FfnSharedBytes(a.hidden, a.units), stream, after_routing, a),
-                                        "launch of TokenFfnKernel"));
+    TE_ASYNC_RETURN_IF_ERROR(CudaStatus(
+        LaunchDependentClusters(ffn, dim3(static_cast<unsigned>(a.items * a.slices)), dim3(kThreads),
+                                FfnSharedBytes(a.hidden, a.units), stream, after_routing, a.slices, a),
+        "launch of TokenFfnKernel"));
     return CudaStatus(LaunchDependent(reduce, dim3(static_cast<unsigned>(a.hidden / kReduceColumns)), dim3(kThreads), 0,
                                       stream, programmatic, r),
                       "launch of ReducePartialsKernel");
@@ -516,7 +571,7 @@ ffi::Error LaunchFfn(const TokenFfnArgs& a, ffi::DataType type, bool after_routi
 ffi::Error TokenFfn(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer w1, ffi::AnyBuffer w2,
                     ffi::Buffer<ffi::S32> experts, ffi::Buffer<ffi::F32> weights, ffi::AnyBuffer shared_w1,
                     ffi::AnyBuffer shared_w2, ffi::Buffer<ffi::F32> shared_scale, ffi::Result<ffi::AnyBuffer> y,
-                    ffi::Result<ffi::AnyBuffer> out, int64_t units) {
+                    ffi::Result<ffi::AnyBuffer> out, int64_t units, int64_t slices) {
   auto bad = [&](const std::string& what) {
     return ffi::Error::InvalidArgument("te_async token_ffn: " + what + " (x " + Dims(x) + ", w_fc1 " + Dims(w1) +
                                        ", w_fc2 " + Dims(w2) + ", shared w_gate_up " + Dims(shared_w1) +
@@ -525,13 +580,13 @@ ffi::Error TokenFfn(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer w1, ff
   const int64_t k = experts.element_count();
   if (weights.element_count() != k) return bad("experts and weights must have k entries");
   if (shared_scale.element_count() != 1) return bad("shared_scale must have one entry");
-  auto a = FfnArgs(x, w1, w2, k, shared_w1, shared_w2, *y, *out, units, bad);
+  const auto programmatic = ProgrammaticLaunches();
+  if (programmatic.has_error()) return programmatic.error();
+  auto a = FfnArgs(x, w1, w2, k, shared_w1, shared_w2, *y, *out, units, slices, *programmatic, bad);
   if (a.has_error()) return a.error();
   a->experts = experts.typed_data();
   a->weights = weights.typed_data();
   a->shared_scale = shared_scale.typed_data();
-  const auto programmatic = ProgrammaticLaunches();
-  if (programmatic.has_error()) return programmatic.error();
   TE_ASYNC_RETURN_IF_ERROR(Poison(stream, {{y->untyped_data(), y->size_bytes()}, {out->untyped_data(), out->size_bytes()}}));
   return LaunchFfn(*a, x.element_type(), false, *programmatic, y->untyped_data(), false, stream);
 }
@@ -563,7 +618,7 @@ ffi::Error TokenMoe(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer norm_s
                     ffi::AnyBuffer w1, ffi::AnyBuffer w2, ffi::AnyBuffer shared_w1, ffi::AnyBuffer shared_w2,
                     ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> out,
                     ffi::Result<ffi::Buffer<ffi::F32>> weights, ffi::Result<ffi::Buffer<ffi::S32>> experts,
-                    int64_t units, int64_t top_k, int64_t n_group, int64_t topk_group, bool renormalize, float scaling,
+                    int64_t units, int64_t slices, int64_t top_k, int64_t n_group, int64_t topk_group, bool renormalize, float scaling,
                     float eps, bool round_first, bool router_reads_normed, bool residual) {
   auto bad = [&](const std::string& what) {
     return ffi::Error::InvalidArgument("te_async token_moe: " + what + " (x " + Dims(x) + ", norm scale " +
@@ -571,7 +626,9 @@ ffi::Error TokenMoe(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer norm_s
                                        ", w_fc2 " + Dims(w2) + ", shared w_gate_up " + Dims(shared_w1) +
                                        ", shared w_down " + Dims(shared_w2) + ")");
   };
-  auto a = FfnArgs(x, w1, w2, top_k, shared_w1, shared_w2, *y, *out, units, bad);
+  const auto programmatic = ProgrammaticLaunches();
+  if (programmatic.has_error()) return programmatic.error();
+  auto a = FfnArgs(x, w1, w2, top_k, shared_w1, shared_w2, *y, *out, units, slices, *programmatic, bad);
   if (a.has_error()) return a.error();
   const int64_t hidden = a->hidden, num_experts = a->num_experts;
   if (num_experts < 1 || num_experts > kRouteMaxExperts || num_experts % kVec != 0) {
@@ -614,8 +671,6 @@ ffi::Error TokenMoe(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer norm_s
                                            {out->untyped_data(), out->size_bytes()},
                                            {weights->untyped_data(), weights->size_bytes()},
                                            {experts->untyped_data(), experts->size_bytes()}}));
-  const auto programmatic = ProgrammaticLaunches();
-  if (programmatic.has_error()) return programmatic.error();
   const bool hopper = *programmatic, router_f32 = router_type == ffi::DataType::F32;
   const size_t smem = RouteSharedBytes(static_cast<int>(hidden), static_cast<int>(num_experts));
   TE_ASYNC_RETURN_IF_ERROR(x.element_type() == ffi::DataType::BF16
@@ -645,7 +700,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(kTokenFfnCuda, TokenFfn,
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
-                                  .Attr<int64_t>("units"),
+                                  .Attr<int64_t>("units")
+                                  .Attr<int64_t>("slices"),
                               {ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(kTokenMoeCuda, TokenMoe,
@@ -663,6 +719,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(kTokenMoeCuda, TokenMoe,
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::S32>>()
                                   .Attr<int64_t>("units")
+                                  .Attr<int64_t>("slices")
                                   .Attr<int64_t>("top_k")
                                   .Attr<int64_t>("n_group")
                                   .Attr<int64_t>("topk_group")
