@@ -82,7 +82,7 @@ for stage in $stages; do
       # no report (2026-12-06, H100: twice, at tests that then passed alone with 0 errors), which
       # would hide the rest; sanitize_<n>.log per chunk, sanitize.log their report lines.
       sel=${SANITIZE_TESTS:-tests/test_gpu_device_mode.py tests/test_gpu_size_errors.py tests/test_decode_moe_gpu.py \
-        tests/test_routing.py tests/test_dense.py tests/test_token_ffn.py -k "test_kernel_gpu or odd_widths or split_k or clamped or prefill_like or (test_cutlass_kernel and 64) or (fused_matches and bfloat16) or kernel_at_its_limits or (kernel_against_float64 and bfloat16) or bad_expert"}
+        tests/test_routing.py tests/test_dense.py tests/test_token_ffn.py -k "test_kernel_gpu or odd_widths or split_k or clamped or prefill_like or (test_cutlass_kernel and 64) or (fused_matches and bfloat16) or kernel_at_its_limits or (kernel_against_float64 and bfloat16) or bad_expert or forced_splits"}
       eval "python3 -P -m pytest --collect-only -q -p no:cacheprovider --rootdir=. $sel" | grep '::' > "$OUT/sanitize_ids.txt"
       if [ ! -s "$OUT/sanitize_ids.txt" ]; then  # an empty chunk would run pytest's whole default selection
         echo "    FAILED (sanitize): no test collected from: $sel" | tee -a "$OUT/summary.log"; status=1; continue

@@ -1,0 +1,40 @@
+#!/bin/bash
+# One call on an H200 (needs_h200; carry .whl), about 8 minutes. $OUT/summary.txt, results.tgz.
+# 1. stop 60's stripe read probe on the H200 (does it read 256-byte pieces faster than 128 by more
+#    than the H100's 2-3 %?).
+# 2. main built with CUTLASS for sm_90a: bench decode device T = 1 8 64 (the issues' H200 figures,
+#    the layers written out at T = 1 and 8 by --unroll auto) and T = 1 8 scanned (--unroll never),
+#    each row also timed as a donated loop (loop_ms, since stop 61).
+# 3. bench generate B = 1 (#17's figure), then GPU tests in the time left.
+set -u
+T=docs/trials/2026-12-07-h200-decode; R=/tmp/h2d; rm -rf $R; mkdir -p $R; T0=$SECONDS; S=$PWD; L=$OUT/summary.txt
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee $R/gpu.txt > $L
+python3 -c "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall('/tmp/cutlass')" .whl/nvidia_cutlass-*.whl
+( CUTLASS_INCLUDE_DIR=/tmp/cutlass/cutlass_library/source/include CMAKE_BUILD_PARALLEL_LEVEL=14 python3 -m pip wheel \
+  --no-build-isolation --no-deps --config-settings=cmake.define.TE_ASYNC_WITH_CUDA=ON \
+  --config-settings=cmake.define.TE_ASYNC_WITH_CUTLASS=ON --config-settings=cmake.define.CMAKE_CUDA_ARCHITECTURES=90a-real \
+  -w /tmp/wheel_main . > $R/build.log 2>&1; rm -rf /tmp/w_main; mkdir -p /tmp/w_main
+  python3 -c "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])" /tmp/wheel_main/te_async-*.whl /tmp/w_main ) &
+nvcc -O3 -std=c++17 -arch=sm_90a docs/results/2026-12-06-h100-kn-reads/stripe_read_probe.cu -o $R/srp > $R/probe_build.log 2>&1
+for n in 34 64 34 64; do $R/srp $n >> $R/probe.txt 2>&1; done; cat $R/probe.txt >> $L
+wait
+echo "built at $((SECONDS - T0)) s: $(ls /tmp/wheel_main)" >> $L
+export XLA_FLAGS=--xla_enable_command_buffers_during_profiling=true  # the profiled step keeps the timed step's graphs
+for u in auto never; do
+  b="1 8"; [ $u = auto ] && b="1 8 64"
+  (cd / && PYTHONPATH=/tmp/w_main timeout 120 python3 -P -m te_async.bench decode --modes device --batches $b --unroll $u \
+    --reps 10 --no-plots --detail-batch 8 --out $R/decode_$u) > $R/decode_$u.log 2>&1
+  echo "--- bench decode --unroll $u (at $((SECONDS - T0)) s)" >> $L; grep -E '^\| [0-9]' $R/decode_$u/decode.md >> $L
+done
+(cd / && PYTHONPATH=/tmp/w_main timeout 120 python3 -P -m te_async.bench generate --preset deepseek-v2-lite --batches 1 \
+  --modes device --steps 60 --no-plots --out $R/generate) > $R/generate.log 2>&1
+echo "generate (at $((SECONDS - T0)) s): $(grep -E '^\| [0-9]' $R/generate/generate.md)" >> $L
+left=$((570 - (SECONDS - T0))); [ $left -lt 30 ] && left=1  # timeout 0 would mean no limit
+x=; python3 -c "import xdist" 2>/dev/null && x="-n 4"
+(cd / && PYTHONPATH=/tmp/w_main TE_ASYNC_POISON_OUTPUTS=1 XLA_PYTHON_CLIENT_PREALLOCATE=false timeout $left python3 -P -m pytest -q $x \
+  -p no:cacheprovider --rootdir=$S $S/tests/test_bench_decode.py $S/tests/test_models_gpu.py $S/tests/test_decode_moe_gpu.py) > $R/tests.log 2>&1
+echo "tests ($left s allowed): $(tail -1 $R/tests.log)" >> $L
+echo "=== done at $((SECONDS - T0)) s" >> $L
+gzip $R/tests.log
+tar czf $OUT/results.tgz -C $R --exclude='traces' --exclude='srp' .
+cat $L
