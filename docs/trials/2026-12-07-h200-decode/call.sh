@@ -1,11 +1,12 @@
 #!/bin/bash
-# One call on an H200 (needs_h200; carry .whl), about 8 minutes. $OUT/summary.txt, results.tgz.
+# One call on an H200 (needs_h200; carry .whl), about 9 minutes. $OUT/summary.txt, results.tgz.
 # 1. stop 60's stripe read probe on the H200 (does it read 256-byte pieces faster than 128 by more
 #    than the H100's 2-3 %?).
 # 2. main built with CUTLASS for sm_90a: bench decode device T = 1 8 64 (the issues' H200 figures,
 #    the layers written out at T = 1 and 8 by --unroll auto) and T = 1 8 scanned (--unroll never),
 #    each row also timed as a donated loop (loop_ms, since stop 61).
-# 3. bench generate B = 1 (#17's figure), then GPU tests in the time left.
+# 3. bench generate B = 1 (#17's figure), token_ffn's plan against main's before c79e423, alternating
+#    twice; then GPU tests in the time left.
 set -u
 T=docs/trials/2026-12-07-h200-decode; R=/tmp/h2d; rm -rf $R; mkdir -p $R; T0=$SECONDS; S=$PWD; L=$OUT/summary.txt
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee $R/gpu.txt > $L
@@ -26,9 +27,17 @@ for u in auto never; do
     --reps 10 --no-plots --detail-batch 8 --out $R/decode_$u) > $R/decode_$u.log 2>&1
   echo "--- bench decode --unroll $u (at $((SECONDS - T0)) s)" >> $L; grep -E '^\| [0-9]' $R/decode_$u/decode.md >> $L
 done
-(cd / && PYTHONPATH=/tmp/w_main timeout 120 python3 -P -m te_async.bench generate --preset deepseek-v2-lite --batches 1 \
-  --modes device --steps 60 --no-plots --out $R/generate) > $R/generate.log 2>&1
-echo "generate (at $((SECONDS - T0)) s): $(grep -E '^\| [0-9]' $R/generate/generate.md)" >> $L
+# generate B = 1 with token_ffn's plan (clusters of two blocks since c79e423) and, as "old", with
+# main's plan before it forced (one block an item), alternating twice: is the H100's FILL right here?
+OLD="import te_async.token_ffn as tf; old = {(6, 1408, 2816): 48, (0, 0, 10944): 48}; tf.plan_split = lambda k, f, fs, *a: tf.Split(old[(k, f, fs)], 1); "
+for run in 1 2; do
+  for w in new old; do
+    pre=""; [ $w = old ] && pre="$OLD"
+    (cd / && PYTHONPATH=/tmp/w_main timeout 120 python3 -P -c "${pre}import runpy, sys; sys.argv = ['te_async.bench'] + sys.argv[1:]; runpy.run_module('te_async.bench', run_name='__main__')" \
+      generate --preset deepseek-v2-lite --batches 1 --modes device --steps 60 --no-plots --out $R/generate_${w}_$run) > $R/generate_${w}_$run.log 2>&1
+    echo "generate $w $run (at $((SECONDS - T0)) s): $(grep -E '^\| [0-9]' $R/generate_${w}_$run/generate.md)" >> $L
+  done
+done
 left=$((570 - (SECONDS - T0))); [ $left -lt 30 ] && left=1  # timeout 0 would mean no limit
 x=; python3 -c "import xdist" 2>/dev/null && x="-n 4"
 (cd / && PYTHONPATH=/tmp/w_main TE_ASYNC_POISON_OUTPUTS=1 XLA_PYTHON_CLIENT_PREALLOCATE=false timeout $left python3 -P -m pytest -q $x \
