@@ -19,9 +19,9 @@ one token 1.31x faster than the four kernels it replaces (43.9 against 57.6 us p
 routing kernel and the sum; 1.48x the weights' read floor), the whole model's B=1 step 1.10x
 faster; a dense MLP alone measured even with te_async.dense.linear's two kernels (17.4 against
 17.3 us). Two 256-thread blocks per SM measured as fast as one 512-thread block and faster than
-four. Where clusters exist (compute capability 9.0), an item's units take a cluster of two
-blocks, each reading half of fc1's rows and writing half of fc2's columns: wide units with the
-SMs still filled, DeepSeek-V2-Lite's B=1 step 5.6 % faster on an H100 (plan_split).
+four. Where clusters exist (compute capability 9.0), plan_split may give an item's units a
+cluster of two blocks, each reading half of fc1's rows and writing half of fc2's columns: wide
+units with the SMs still filled, DeepSeek-V2-Lite's B=1 generate loop 4.9 % faster on an H100.
 
 The rounding is the unfused path's: fc1's output and the activation are rounded to x's dtype
 (grouped_mlp, te_async.mlp.activate); the routed experts and the shared experts are then summed in
