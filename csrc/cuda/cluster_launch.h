@@ -1,6 +1,7 @@
 // Thread-block cluster launches of the decode kernels whose blocks share partial results through
 // distributed shared memory (the split-K GEMMs of small_group_gemm.cu and dense_mma.cu, the fused
-// MLA attention of mla_decode.cu), so a launch must know how many such clusters fit on the GPU at once.
+// MLA attention of mla_decode.cu, token_ffn.cu's routing and expert kernels), so a launch must
+// know how many such clusters fit on the GPU at once.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -13,6 +14,16 @@
 
 namespace te_async {
 
+// The launch attribute for thread-block clusters of `cluster` blocks along x.
+inline cudaLaunchAttribute ClusterDimension(int cluster) {
+  cudaLaunchAttribute attr = {};
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = static_cast<unsigned>(cluster);
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  return attr;
+}
+
 // A launch of `grid` blocks of `threads` with `smem` bytes of dynamic shared memory in clusters of
 // `cluster` blocks (no cluster attribute for 1); attr is the storage the config points at.
 inline cudaLaunchConfig_t ClusterLaunchConfig(long long grid, int threads, int cluster, cudaStream_t stream,
@@ -22,10 +33,7 @@ inline cudaLaunchConfig_t ClusterLaunchConfig(long long grid, int threads, int c
   config.blockDim = dim3(threads);
   config.dynamicSmemBytes = smem;
   config.stream = stream;
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = static_cast<unsigned>(cluster);
-  attr.val.clusterDim.y = 1;
-  attr.val.clusterDim.z = 1;
+  attr = ClusterDimension(cluster);
   config.attrs = &attr;
   config.numAttrs = cluster > 1 ? 1 : 0;
   return config;

@@ -9,6 +9,8 @@
 
 #include <cuda_runtime.h>
 
+#include "cuda/cluster_launch.h"
+
 namespace te_async {
 
 __device__ __forceinline__ void StartDependents() {
@@ -36,12 +38,7 @@ cudaError_t LaunchDependentClusters(void (*kernel)(Params...), dim3 grid, dim3 b
     attrs[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attrs[count++].val.programmaticStreamSerializationAllowed = 1;
   }
-  if (cluster > 1) {
-    attrs[count].id = cudaLaunchAttributeClusterDimension;
-    attrs[count].val.clusterDim.x = static_cast<unsigned>(cluster);
-    attrs[count].val.clusterDim.y = 1;
-    attrs[count++].val.clusterDim.z = 1;
-  }
+  if (cluster > 1) attrs[count++] = ClusterDimension(cluster);
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = block;

@@ -593,23 +593,14 @@ ffi::Error TokenFfn(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer w1, ff
 
 template <typename T>
 ffi::Error LaunchRoute(const RouteTokenArgs& r, bool router_f32, bool hopper, size_t smem, cudaStream_t stream) {
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(hopper ? kRouteSlices : 1);
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  cudaLaunchAttribute attr;
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = kRouteSlices;
-  attr.val.clusterDim.y = 1;
-  attr.val.clusterDim.z = 1;
-  config.attrs = &attr;
-  config.numAttrs = hopper ? 1 : 0;
+  const int cluster = hopper ? kRouteSlices : 1;  // one block below compute capability 9.0
+  const auto launch = [&](auto kernel) {
+    return LaunchDependentClusters(kernel, dim3(cluster), dim3(kThreads), smem, stream, false, cluster, r);
+  };
   cudaError_t status;  // one instantiation per top-k form (softmax only here), so that a launch holds its own code
   WithForm<false>(r.top, [&](auto form) {
     using Form = decltype(form);
-    status = router_f32 ? cudaLaunchKernelEx(&config, RouteTokenKernel<T, float, Form>, r)
-                        : cudaLaunchKernelEx(&config, RouteTokenKernel<T, T, Form>, r);
+    status = router_f32 ? launch(RouteTokenKernel<T, float, Form>) : launch(RouteTokenKernel<T, T, Form>);
   });
   return CudaStatus(status, "launch of RouteTokenKernel");
 }
