@@ -21,6 +21,10 @@ Modes:
                 einsum: equal math that never waits for the host. It reads T*k expert matrices,
                 so it matches the floor's bytes only while the T*k routed experts are distinct;
                 "nohost_reads_bytes" records what it reads.
+  torch_graph   the same step in PyTorch (torch._grouped_mm, the routing and sort on the GPU), its
+                layers captured in one CUDA graph and replayed, as a PyTorch server runs a decode
+                step (torch_reference.moe_decode_step; where torch with CUDA imports, by default on
+                a GPU). It reads the JAX weights in place. No profiled run: its bubble fields stay empty.
 
 The floor is the bytes of the experts a batch actually hits (counted on the host from the
 routing, per layer, averaged over the rotated inputs) over the HBM bandwidth measured in the
@@ -45,7 +49,7 @@ from .. import GROUP_SIZES_MODES
 from ..mlp import EPS, activate, normalize
 from ..models.model import unrolls, written_out_scan
 from ..moe import combine, dispatch_rows, moe_block, plan_dispatch, route_top_k
-from . import presets, timing, trace
+from . import presets, timing, torch_reference, trace
 
 try:
     from tqdm import tqdm as _progress
@@ -109,12 +113,15 @@ if "device" in GROUP_SIZES_MODES:
     TE_MODES.update(device=dict(mode="device"), device_unfused=dict(mode="device", fuse=False))
 MODES = {name: _te_moe(**kw) for name, kw in TE_MODES.items()}
 MODES.update(ragged_dot=_routed(ragged_dot_mlp), nohost=_routed(_gathered_mlp))
+TORCH = "torch_graph"
 UNROLL = ("auto", "never", "always")
 
 
 def writes_out(unroll: str, mode: str, batch: int) -> bool:
     """Whether the step of `mode` at `batch` tokens has its layers written out: --unroll, or
     with "auto" where te_async.models' decode step does."""
+    if mode == TORCH:
+        return True  # a Python loop over the layers, captured in its graph
     if unroll != "auto":
         return unroll == "always"
     return mode in TE_MODES and unrolls(batch, TE_MODES[mode]["mode"])
@@ -197,6 +204,24 @@ def _loop_s(step, step_inputs, steps):
     return timing.chained_calls(loop_step, (params, xs), (jnp.int32(0), jnp.zeros_like(xs[0])), steps=steps)
 
 
+def _torch_layers(params):
+    """torch_reference.moe_decode_step's weights per layer: views of the stacked JAX params (DLPack,
+    no copy), the router cast to float32 once."""
+    t = torch_reference.tensor
+    router, w_fc1, w_fc2, scale = (t(params[k]) for k in ("router", "w_fc1", "w_fc2", "norm_scale"))
+    return [(router[i].float(), w_fc1[i], w_fc2[i], scale[i]) for i in range(router.shape[0])]
+
+
+def _torch_contender(model, step_inputs):
+    """(call(x), its input sets, block, check(params, x) -> output): torch's step over the params of
+    step_inputs replayed from one CUDA graph, and the same step run eagerly for the check."""
+    step_of = lambda params: torch_reference.moe_decode_step(_torch_layers(params), model.top_k, EPS)
+    sets = [(torch_reference.tensor(x),) for _, x in step_inputs]
+    call = torch_reference.graphed(step_of(step_inputs[0][0]), sets[0][0])
+    check = lambda params, x: torch_reference.to_numpy(step_of(params)(torch_reference.tensor(x)))
+    return call, sets, torch_reference.block, check
+
+
 def _measure(mode, batch, step_inputs, ref, model, args, profile, expert_bytes):
     """One result row; a mode that raises (out of memory, unsupported) gets an error, not a crash."""
     row = dict.fromkeys(RESULT_KEYS) | dict(mode=mode, batch=batch)
@@ -206,15 +231,22 @@ def _measure(mode, batch, step_inputs, ref, model, args, profile, expert_bytes):
     row["written_out"] = writes_out(args.unroll, mode, batch)
     window = None
     try:
-        step = make_step(MODES[mode], model, written_out=row["written_out"])
+        if mode == TORCH:
+            step, sets, block, check = _torch_contender(model, step_inputs)
+        else:
+            step = check = make_step(MODES[mode], model, written_out=row["written_out"])
+            sets, block = step_inputs, jax.block_until_ready
         if "check" in ref:
             first, x, y_sync = ref["check"]
-            row["rel_error_vs_sync"] = _rel_error(step(first, x), y_sync)
-        row.update(timing.time_calls(step, step_inputs, reps=args.reps, inner=INNER).as_dict())
-        row["loop_ms"] = 1e3 * _loop_s(step, step_inputs, steps=args.reps * INNER)
+            row["rel_error_vs_sync"] = _rel_error(check(first, x), y_sync)
+        row.update(timing.time_calls(step, sets, reps=args.reps, inner=INNER, block=block).as_dict())
+        steps = args.reps * INNER
+        # torch's replays go out back to back and are blocked on once, as the JAX loop's calls are
+        row["loop_ms"] = 1e3 * (timing.time_calls(step, sets, reps=1, inner=steps, block=block).median_s
+                                if mode == TORCH else _loop_s(step, step_inputs, steps=steps))
         if row["floor_ms"]:
             row["ratio_to_floor"] = row["median_ms"] / row["floor_ms"]
-        if profile:
+        if profile and mode != TORCH:
             fields, window = _profile(step, step_inputs, args.out / "traces" / f"{mode}_T{batch}")
             row.update(fields)
     except Exception as e:  # noqa: BLE001 -- the sweep goes on; the row says why this one failed
@@ -281,7 +313,8 @@ def add_arguments(parser):
                             + (" (fewer make a quicker run)" if name == "layers" else ""))
     parser.add_argument("--batches", type=int, nargs="+",
                         help="tokens per step (default: 1 to 256, powers of 2, on a GPU; 1 8 64 elsewhere)")
-    parser.add_argument("--modes", nargs="+", choices=list(MODES), help="default: all")
+    parser.add_argument("--modes", nargs="+", choices=[*MODES, TORCH],
+                        help=f"default: all ({TORCH} on a GPU only)")
     parser.add_argument("--unroll", choices=UNROLL, default="auto",
                         help="the step's layers written out (always) or scanned (never); auto (default): written out where "
                              "te_async.models' decode step writes them out (device mode at T=1 and 4-16)")
@@ -308,7 +341,7 @@ def run(args) -> dict:
     dtype = jnp.bfloat16 if gpu else jnp.float32
     preset, model = presets.resolve(args.preset)
     model = model._replace(**{k: getattr(args, k) for k in presets.Model._fields if getattr(args, k)})
-    modes = args.modes or list(MODES)
+    modes = args.modes or [*MODES, *([TORCH] if gpu else [])]
     batches = args.batches or ([1, 2, 4, 8, 16, 32, 64, 128, 256] if gpu else [1, 8, 64])
     expert_bytes = model.expert_bytes(dtype)
     hbm = timing.hbm_bandwidth(args.hbm_gib)

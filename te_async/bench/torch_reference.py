@@ -1,4 +1,4 @@
-"""torch._grouped_mm, the reference the training benchmarks measure te_async against in the same run.
+"""torch._grouped_mm, the reference the training and decode benchmarks measure te_async against in the same run.
 
 PyTorch's grouped GEMM is one CUTLASS kernel for all groups that reads the group offsets on the
 GPU, as te_async's device mode does; it is what PyTorch MoE training (torchtitan, transformers'
@@ -10,7 +10,9 @@ holds them, [G, N, K] (nn.Linear's out x in) and used transposed in the forward,
 torch._grouped_mm is built for; the gradients are what torch's autograd computes, eagerly.
 Times are wall clock (timing.time_calls with this module's `block`) and GPU time from CUDA
 events around back-to-back calls (gpu_seconds), which counts any idle gap between torch's
-kernels, as the JAX contenders' profiler "busy" time does not.
+kernels, as the JAX contenders' profiler "busy" time does not. The decode step (moe_decode_step)
+is what a PyTorch server replays: every layer's routing, sort and grouped GEMMs on the GPU,
+captured once in a CUDA graph (graphed), so no host work sits between its kernels.
 """
 
 import functools
@@ -83,20 +85,22 @@ def gemm(form: str):
     return lambda x, dy, offs: mm(dy.t(), x, offs=offs)
 
 
+def expert_mlp(rows, w1, w2, scale, offs, eps: float):
+    """grouped_mlp's math on sorted rows (rmsnorm and swiglu in float32, cast back; fc1 [gate | linear]),
+    w1 [G, H, 2F] and w2 [G, F, H] as views of any layout torch._grouped_mm takes (row- or column-major)."""
+    torch = _torch()
+    xf = rows.float()
+    xn = (xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps) * scale).to(rows.dtype)
+    gate, linear = torch._grouped_mm(xn, w1, offs=offs).float().chunk(2, dim=-1)
+    return torch._grouped_mm((torch.nn.functional.silu(gate) * linear).to(rows.dtype), w2, offs=offs)
+
+
 def mlp_stack_step(eps: float):
     """step(x, group_sizes, weights, dy) -> (y, (dx, [(dw1_t, dw2_t, dscale) per layer])): the layer
     stack of the train benchmark, x + mlp(x) per (w1_t, w2_t, scale) of `weights` (group_sizes [G]
-    for every layer, or [layers, G]), with grouped_mlp's math (rmsnorm and swiglu in float32, cast
-    back; fc1 [gate | linear]), forward and backward under torch's autograd, eager."""
+    for every layer, or [layers, G]), expert_mlp on the weights as PyTorch holds them, forward and
+    backward under torch's autograd, eager."""
     torch = _torch()
-    forward = gemm("m")
-
-    def mlp(x, w1_t, w2_t, scale, offs):
-        xf = x.float()
-        xn = (xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps) * scale).to(x.dtype)
-        gate, linear = forward(xn, w1_t, offs).float().chunk(2, dim=-1)
-        a = (torch.nn.functional.silu(gate) * linear).to(x.dtype)
-        return forward(a, w2_t, offs)
 
     def step(x, group_sizes, weights, dy):
         offs = [offsets(g) for g in group_sizes] if group_sizes.dim() == 2 else [offsets(group_sizes)] * len(weights)
@@ -104,8 +108,62 @@ def mlp_stack_step(eps: float):
         leaves = [[w.detach().requires_grad_() for w in layer] for layer in weights]
         y = x
         for (w1_t, w2_t, scale), layer_offs in zip(leaves, offs):
-            y = y + mlp(y, w1_t, w2_t, scale, layer_offs)
+            y = y + expert_mlp(y, w1_t.transpose(1, 2), w2_t.transpose(1, 2), scale, layer_offs, eps)
         grads = torch.autograd.grad(y, [x] + [w for layer in leaves for w in layer], dy)
         return y.detach(), (grads[0], [tuple(grads[1 + 3 * i:4 + 3 * i]) for i in range(len(leaves))])
 
     return step
+
+
+def moe_decode_step(layers, top_k: int, eps: float):
+    """step(x [T, H]) -> [T, H]: bench decode's MoE layers (te_async.moe_block's math: a float32
+    softmax router over x, the top-k weights renormalised, the rows sorted by expert, expert_mlp, the
+    combine weighted in float32, the residual) with everything on the GPU: a stable argsort for the
+    order, the group sizes by an integer scatter-add (torch.bincount would read its size on the host),
+    torch._grouped_mm on the offsets, and an index_copy_ back to token order (no float atomics), so
+    the step can be captured in a CUDA graph. `layers`: (router [H, E] float32, w_fc1 [E, H, 2F],
+    w_fc2 [E, F, H], norm_scale [H]) per layer, the experts' weights as JAX holds them (row-major,
+    which torch._grouped_mm reads as they are: the same bytes as the JAX step, no copy)."""
+    torch = _torch()
+
+    def layer(x, router, w1, w2, scale):
+        weights, experts = torch.topk(torch.softmax(x.float() @ router, dim=-1), top_k, dim=-1)
+        weights = weights / weights.sum(-1, keepdim=True)
+        chosen = experts.flatten()
+        order = torch.argsort(chosen, stable=True)
+        counts = torch.zeros(router.shape[1], dtype=torch.int32, device=x.device)
+        counts.scatter_add_(0, chosen, torch.ones_like(chosen, dtype=torch.int32))
+        y = expert_mlp(x[order // top_k], w1, w2, scale, torch.cumsum(counts, 0, dtype=torch.int32), eps)
+        by_token = torch.empty_like(y).index_copy_(0, order, y).view(x.shape[0], top_k, -1)
+        return x + (by_token.float() * weights[..., None]).sum(1).to(x.dtype)
+
+    def step(x):
+        for weights in layers:
+            x = layer(x, *weights)
+        return x
+
+    return step
+
+
+def graphed(fn, example, warmup: int = 3):
+    """call(x) -> fn(x) replayed from one CUDA graph captured on a static copy of `example`: x is
+    copied into it (one device copy, outside the graph) and the graph's static output returned,
+    overwritten by the next call. Warm-up runs on a side stream first, as torch.cuda.graph asks."""
+    torch = _torch()
+    static = example.clone()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            fn(static)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn(static)
+
+    def call(x):
+        static.copy_(x)
+        graph.replay()
+        return out
+
+    return call
