@@ -117,6 +117,11 @@ TORCH = "torch_graph"
 UNROLL = ("auto", "never", "always")
 
 
+def default_modes(gpu: bool) -> list:
+    """Every mode, torch's on a GPU only."""
+    return [*MODES, *([TORCH] if gpu else [])]
+
+
 def writes_out(unroll: str, mode: str, batch: int) -> bool:
     """Whether the step of `mode` at `batch` tokens has its layers written out: --unroll, or
     with "auto" where te_async.models' decode step does."""
@@ -341,7 +346,7 @@ def run(args) -> dict:
     dtype = jnp.bfloat16 if gpu else jnp.float32
     preset, model = presets.resolve(args.preset)
     model = model._replace(**{k: getattr(args, k) for k in presets.Model._fields if getattr(args, k)})
-    modes = args.modes or [*MODES, *([TORCH] if gpu else [])]
+    modes = args.modes or default_modes(gpu)
     batches = args.batches or ([1, 2, 4, 8, 16, 32, 64, 128, 256] if gpu else [1, 8, 64])
     expert_bytes = model.expert_bytes(dtype)
     hbm = timing.hbm_bandwidth(args.hbm_gib)
