@@ -3,7 +3,7 @@
 One decode step is L MoE layers (router, dispatch, expert MLP, combine, residual) over stacked
 layer weights under one jit; attention is left out because it has no group sizes and would only
 dilute the bubble. The layers are scanned, or written out where te_async.models writes a decode
-step's layers out (models.model.unrolls: device mode at the batches of UNROLL_BATCHES, where a
+step's layers out (models.model.unrolls: device mode up to UNROLL_MAX_BATCH tokens, where a
 scan trip's loop counter, copy and gaps cost more than a step of written-out layers); --unroll
 forces either. Decode is where the group-sizes stall hurts most: each expert GEMM
 is a few rows, so the host's wait for the sizes is not hidden behind GPU work.
@@ -322,7 +322,7 @@ def add_arguments(parser):
                         help=f"default: all ({TORCH} on a GPU only)")
     parser.add_argument("--unroll", choices=UNROLL, default="auto",
                         help="the step's layers written out (always) or scanned (never); auto (default): written out where "
-                             "te_async.models' decode step writes them out (device mode at T=1 and 4-16)")
+                             "te_async.models' decode step writes them out (device mode up to T=64)")
     parser.add_argument("--reps", type=int, default=30, help=f"timing samples of {INNER} steps each (default: 30)")
     parser.add_argument("--profile", action=argparse.BooleanOptionalAction, default=None,
                         help="a profiled run for the GPU's bubble (default: on a GPU only)")

@@ -38,16 +38,13 @@ from .params import check_params, layer_runs
 from .rope import cos_sin
 
 _STATIC = ("config", "group_sizes_mode", "experts")
-# The batches at which generate writes its decode steps' layers out. DeepSeek-V2-Lite, 4096 cached
-# tokens, device mode, one H200, generate's loop p50, unrolled against scanned (docs/benchmarks.md,
-# table G4): B=1 0.92x, 2 0.99x, 4 1.09x, 8 1.15x, 32 1.06x; re-measured at B=2 (table AP) 0.94x
-# with XLA's attention and 0.97x with the decode attention kernel. Since the MLA and MoE calls
-# (167b083, table UN) B=1 measured 1.02x unrolled (a scan trip's loop counter, a copy and an add
-# in kernels of their own, costs about 5 us a layer) and B=2 level, so B=2 stays scanned. Up to 16
-# the routed experts run the same kernel (small_groups) whether CUTLASS is built or not; B=32 ran
-# it in a build without CUTLASS, where a CUTLASS build runs CUTLASS, so the range stops at 16 until
-# that is measured.
-UNROLL_BATCHES = (1,) + tuple(range(4, 17))
+# The largest batch at which generate writes its decode steps' layers out (device mode). DeepSeek-V2-Lite,
+# 4096 cached tokens, generate's loop, written out against scanned (docs/benchmarks.md, tables G4 and
+# G4b): on an H200 without CUTLASS (2026-12-02) B=4 1.09x, 8 1.15x, 32 1.06x faster, B=1 and 2 0.93x
+# and 0.99x (B=1 1.02x since the MLA and MoE calls, table UN); on an H100 with CUTLASS (2026-12-06)
+# B=2 1.00x, 32 1.10x, 64 1.10x. Larger batches were not measured (B=128's cache does not fit an
+# H100 beside the weights).
+UNROLL_MAX_BATCH = 64
 
 
 def scope_name(start: int, n: int) -> str:
@@ -302,9 +299,9 @@ def prefill(params, config: Config, cache: list, tokens, *, group_sizes_mode: Op
 def unrolls(batch: int, group_sizes_mode: Optional[str] = None, experts: str = "te_async") -> bool:
     """Whether generate's decode steps write their layers out (one CUDA graph per step, which
     XLA replays as it is in generate's donated loop) rather than scan them (a graph per scan trip,
-    whose operands move with the trip): in UNROLL_BATCHES, where that measured faster, and in
-    device mode (the default), the only one measured. At two sequences the scan was faster."""
-    return batch in UNROLL_BATCHES and experts == "te_async" and group_sizes_mode in (None, "device")
+    whose operands move with the trip): up to UNROLL_MAX_BATCH, where that measured faster or level,
+    and in device mode (the default), the only one measured."""
+    return batch <= UNROLL_MAX_BATCH and experts == "te_async" and group_sizes_mode in (None, "device")
 
 
 def generate(params, config: Config, prompt, max_new_tokens: int, *, group_sizes_mode: Optional[str] = None,
