@@ -3,7 +3,7 @@
 # 1. stop 60's stripe read probe on the H200 (does it read 256-byte pieces faster than 128 by more
 #    than the H100's 2-3 %?).
 # 2. main built with CUTLASS for sm_90a: bench decode device T = 1 8 64 (the issues' H200 figures,
-#    the layers written out at T = 1 and 8 by --unroll auto) and T = 1 8 scanned (--unroll never),
+#    the layers written out by --unroll auto; PyTorch's CUDA-graph step beside it at --unroll auto) and T = 1 8 scanned (--unroll never),
 #    each row also timed as a donated loop (loop_ms, since stop 61).
 # 3. bench generate B = 1 (#17's figure), token_ffn's plan against main's before c79e423, alternating
 #    twice; then GPU tests in the time left.
@@ -22,8 +22,8 @@ wait
 echo "built at $((SECONDS - T0)) s: $(ls /tmp/wheel_main)" >> $L
 export XLA_FLAGS=--xla_enable_command_buffers_during_profiling=true  # the profiled step keeps the timed step's graphs
 for u in auto never; do
-  b="1 8"; [ $u = auto ] && b="1 8 64"
-  (cd / && PYTHONPATH=/tmp/w_main timeout 120 python3 -P -m te_async.bench decode --modes device --batches $b --unroll $u \
+  b="1 8"; m=device; [ $u = auto ] && b="1 8 64" && m="device torch_graph"
+  (cd / && PYTHONPATH=/tmp/w_main timeout 120 python3 -P -m te_async.bench decode --modes $m --batches $b --unroll $u \
     --reps 10 --no-plots --detail-batch 8 --out $R/decode_$u) > $R/decode_$u.log 2>&1
   echo "--- bench decode --unroll $u (at $((SECONDS - T0)) s)" >> $L; grep -E '^\| [0-9]' $R/decode_$u/decode.md >> $L
 done
@@ -41,7 +41,7 @@ done
 left=$((570 - (SECONDS - T0))); [ $left -lt 30 ] && left=1  # timeout 0 would mean no limit
 x=; python3 -c "import xdist" 2>/dev/null && x="-n 4"
 (cd / && PYTHONPATH=/tmp/w_main TE_ASYNC_POISON_OUTPUTS=1 XLA_PYTHON_CLIENT_PREALLOCATE=false timeout $left python3 -P -m pytest -q $x \
-  -p no:cacheprovider --rootdir=$S $S/tests/test_bench_decode.py $S/tests/test_models_gpu.py $S/tests/test_decode_moe_gpu.py) > $R/tests.log 2>&1
+  -p no:cacheprovider --rootdir=$S $S/tests/test_bench_decode.py $S/tests/test_models_gpu.py $S/tests/test_decode_moe_gpu.py $S/tests/test_torch_decode_step.py) > $R/tests.log 2>&1
 echo "tests ($left s allowed): $(tail -1 $R/tests.log)" >> $L
 echo "=== done at $((SECONDS - T0)) s" >> $L
 gzip $R/tests.log
