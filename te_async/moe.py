@@ -1,6 +1,6 @@
-"""An MoE block on the public API: top-k router, token sort by expert with group sizes computed
-on the device, grouped_mlp with the router weights on its rows (row_weights: its output is then
-not kept for the backward), then each token's rows summed (routing.sum_rows).
+"""An MoE block on the public API: top-k router, the norm on the tokens, token sort by expert with
+group sizes computed on the device, grouped_mlp with the router weights on its rows (row_weights:
+its output is then not kept for the backward), then each token's rows summed (routing.sum_rows).
 
 In async mode the block issues copy_group_sizes right after routing, before the permutation,
 and hands the handle to grouped_mlp, so that the group-sizes copy overlaps the dispatch.
@@ -65,26 +65,26 @@ def moe_block(
 
 def _routed_block(x, router, w_fc1, w_fc2, top_k, norm_scale, norm, activation, mode, early_copy, fused):
     routing, dispatch = route(jnp.dot(x, router, preferred_element_type=jnp.float32), top_k, renormalize=True)
+    handle = None
+    if mode == "async" and early_copy:  # never with `fused`, which is device mode's
+        handle = copy_group_sizes(dispatch.group_sizes)
+        # The barrier makes the norm and the permutation wait for the copy, so XLA cannot sink the
+        # copy down to its first consumer: it is enqueued before the work it should overlap.
+        handle, x = jax.lax.optimization_barrier((handle, x))
+    # The norm is row-wise: it runs on the T tokens before their T * k rows are gathered, not on the rows.
+    xn = normalize(x, norm_scale, None, norm, EPS)
     if fused:
-        xn = normalize(x, norm_scale, None, norm, EPS)
         routed = token_ffn.Routed(routing.experts, routing.weights, w_fc1, w_fc2)
         if token_ffn.applies(xn, routed):
             return token_ffn.token_ffn(xn, routed)
         if decode_moe.fuses(x.shape[0], top_k, w_fc1, w_fc2, mode=mode, activation=activation):
             return decode_moe.fused_experts(xn, routing, dispatch, w_fc1, w_fc2)
-    handle = None
-    if mode == "async" and early_copy:
-        handle = copy_group_sizes(dispatch.group_sizes)
-        # The barrier makes the permutation wait for the copy, so XLA cannot sink the copy down
-        # to its first consumer: it is enqueued before the gather it should overlap.
-        handle, x = jax.lax.optimization_barrier((handle, x))
     y_rows = grouped_mlp(
-        dispatch_rows(x, dispatch),
+        dispatch_rows(xn, dispatch),
         dispatch.group_sizes,
         w_fc1,
         w_fc2,
-        norm_scale=norm_scale,
-        norm=norm,
+        norm=None,
         activation=activation,
         group_sizes_mode=mode,
         host_group_sizes=handle,

@@ -88,7 +88,7 @@ def _routed(expert_mlp):
     def layer(x, p, model):
         routing = route_top_k(x, p["router"], model.top_k)
         dispatch = plan_dispatch(routing.experts, model.experts)
-        rows = normalize(dispatch_rows(x, dispatch), p["norm_scale"], None, NORM, EPS)
+        rows = dispatch_rows(normalize(x, p["norm_scale"], None, NORM, EPS), dispatch)
         return x + combine(expert_mlp(rows, dispatch.group_sizes, p["w_fc1"], p["w_fc2"]), dispatch, routing.weights)
 
     return layer
