@@ -47,7 +47,7 @@ import numpy as np
 
 from .. import GROUP_SIZES_MODES
 from ..mlp import EPS, activate, normalize
-from ..models.model import unrolls, written_out_scan
+from ..models.model import UNROLL_MAX_BATCH, unrolls, written_out_scan
 from ..moe import combine, dispatch_rows, moe_block, plan_dispatch, route_top_k
 from . import presets, timing, torch_reference, trace
 
@@ -322,7 +322,7 @@ def add_arguments(parser):
                         help=f"default: all ({TORCH} on a GPU only)")
     parser.add_argument("--unroll", choices=UNROLL, default="auto",
                         help="the step's layers written out (always) or scanned (never); auto (default): written out where "
-                             "te_async.models' decode step writes them out (device mode up to T=64)")
+                             f"te_async.models' decode step writes them out (device mode up to T={UNROLL_MAX_BATCH})")
     parser.add_argument("--reps", type=int, default=30, help=f"timing samples of {INNER} steps each (default: 30)")
     parser.add_argument("--profile", action=argparse.BooleanOptionalAction, default=None,
                         help="a profiled run for the GPU's bubble (default: on a GPU only)")
