@@ -1,7 +1,7 @@
 """moe_block_ep: te_async.moe's block with the experts sharded over a mesh axis.
 
 Tokens are sharded data-parallel over the same axis. Inside shard_map each device routes its own
-tokens and sorts them by expert (route_top_k, plan_dispatch), sends each expert's rows to the
+tokens, normalises them and sorts them by expert (route_top_k, plan_dispatch), sends each expert's rows to the
 device that holds that expert, runs grouped_mlp on its local experts, sends the results back to
 where the rows came from, and combines them with the router weights (combine).
 
@@ -35,7 +35,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from .group_sizes import copy_group_sizes
-from .mlp import grouped_mlp, resolve_mlp_mode
+from .mlp import EPS, grouped_mlp, normalize, resolve_mlp_mode
 from .moe import combine, dispatch_rows, plan_dispatch, route_top_k
 
 TRANSPORTS = ("ragged", "dense")
@@ -150,7 +150,7 @@ def moe_block_ep(
         me = jax.lax.axis_index(axis_name)
         local = lambda m: jax.lax.dynamic_slice_in_dim(m, me * (e // d), e // d, axis=1)  # my experts' columns
         local_sizes = local(plan.counts).sum(axis=0, dtype=jnp.int32)
-        sorted_x = dispatch_rows(x, dispatch)
+        sorted_x = dispatch_rows(normalize(x, norm_scale, None, norm, EPS), dispatch)  # as moe_block: the tokens' norm
         handle = None
         if mode == "async":
             handle = copy_group_sizes(local_sizes)
@@ -161,7 +161,7 @@ def moe_block_ep(
             plan.send_offsets[me], plan.counts[me], plan.recv_offsets[me], local(plan.counts).reshape(-1),
         )
         y_local = grouped_mlp(
-            received, local_sizes, w_fc1, w_fc2, norm_scale=norm_scale, norm=norm, activation=activation,
+            received, local_sizes, w_fc1, w_fc2, norm=None, activation=activation,
             group_sizes_mode=mode, host_group_sizes=handle,
         )
         y_rows = exchange(
