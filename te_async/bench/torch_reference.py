@@ -85,21 +85,25 @@ def gemm(form: str):
     return lambda x, dy, offs: mm(dy.t(), x, offs=offs)
 
 
-def expert_mlp(rows, w1, w2, scale, offs, eps: float):
-    """grouped_mlp's math on sorted rows (rmsnorm and swiglu in float32, cast back; fc1 [gate | linear]),
-    w1 [G, H, 2F] and w2 [G, F, H] as views of any layout torch._grouped_mm takes (row- or column-major)."""
+def rms_norm(x, scale, eps: float):
+    """te_async's RMSNorm: in float32, cast back to x's dtype."""
+    xf = x.float()
+    return (xf * _torch().rsqrt(xf.square().mean(-1, keepdim=True) + eps) * scale).to(x.dtype)
+
+
+def swiglu_experts(rows, w1, w2, offs):
+    """grouped_mlp's experts on sorted rows (swiglu in float32, cast back; fc1 [gate | linear]), w1
+    [G, H, 2F] and w2 [G, F, H] as views of any layout torch._grouped_mm takes (row- or column-major)."""
     torch = _torch()
-    xf = rows.float()
-    xn = (xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps) * scale).to(rows.dtype)
-    gate, linear = torch._grouped_mm(xn, w1, offs=offs).float().chunk(2, dim=-1)
+    gate, linear = torch._grouped_mm(rows, w1, offs=offs).float().chunk(2, dim=-1)
     return torch._grouped_mm((torch.nn.functional.silu(gate) * linear).to(rows.dtype), w2, offs=offs)
 
 
 def mlp_stack_step(eps: float):
     """step(x, group_sizes, weights, dy) -> (y, (dx, [(dw1_t, dw2_t, dscale) per layer])): the layer
     stack of the train benchmark, x + mlp(x) per (w1_t, w2_t, scale) of `weights` (group_sizes [G]
-    for every layer, or [layers, G]), expert_mlp on the weights as PyTorch holds them, forward and
-    backward under torch's autograd, eager."""
+    for every layer, or [layers, G]), grouped_mlp's math (rms_norm, swiglu_experts) on the weights as
+    PyTorch holds them, forward and backward under torch's autograd, eager."""
     torch = _torch()
 
     def step(x, group_sizes, weights, dy):
@@ -108,7 +112,7 @@ def mlp_stack_step(eps: float):
         leaves = [[w.detach().requires_grad_() for w in layer] for layer in weights]
         y = x
         for (w1_t, w2_t, scale), layer_offs in zip(leaves, offs):
-            y = y + expert_mlp(y, w1_t.transpose(1, 2), w2_t.transpose(1, 2), scale, layer_offs, eps)
+            y = y + swiglu_experts(rms_norm(y, scale, eps), w1_t.transpose(1, 2), w2_t.transpose(1, 2), layer_offs)
         grads = torch.autograd.grad(y, [x] + [w for layer in leaves for w in layer], dy)
         return y.detach(), (grads[0], [tuple(grads[1 + 3 * i:4 + 3 * i]) for i in range(len(leaves))])
 
@@ -117,8 +121,8 @@ def mlp_stack_step(eps: float):
 
 def moe_decode_step(layers, top_k: int, eps: float):
     """step(x [T, H]) -> [T, H]: bench decode's MoE layers (te_async.moe_block's math: a float32
-    softmax router over x, the top-k weights renormalised, the rows sorted by expert, expert_mlp, the
-    combine weighted in float32, the residual) with everything on the GPU: a stable argsort for the
+    softmax router over x, the top-k weights renormalised, the tokens normalised, their rows sorted by
+    expert, swiglu_experts, the combine weighted in float32, the residual) with everything on the GPU: a stable argsort for the
     order, the group sizes by an integer scatter-add (torch.bincount would read its size on the host),
     torch._grouped_mm on the offsets, and an index_copy_ back to token order (no float atomics), so
     the step can be captured in a CUDA graph. `layers`: (router [H, E] float32, w_fc1 [E, H, 2F],
@@ -133,7 +137,7 @@ def moe_decode_step(layers, top_k: int, eps: float):
         order = torch.argsort(chosen, stable=True)
         counts = torch.zeros(router.shape[1], dtype=torch.int32, device=x.device)
         counts.scatter_add_(0, chosen, torch.ones_like(chosen, dtype=torch.int32))
-        y = expert_mlp(x[order // top_k], w1, w2, scale, torch.cumsum(counts, 0, dtype=torch.int32), eps)
+        y = swiglu_experts(rms_norm(x, scale, eps)[order // top_k], w1, w2, torch.cumsum(counts, 0, dtype=torch.int32))
         by_token = torch.empty_like(y).index_copy_(0, order, y).view(x.shape[0], top_k, -1)
         return x + (by_token.float() * weights[..., None]).sum(1).to(x.dtype)
 
