@@ -1,9 +1,9 @@
 """moe_block_ep: te_async.moe's block with the experts sharded over a mesh axis.
 
 Tokens are sharded data-parallel over the same axis. Inside shard_map each device routes its own
-tokens, normalises them and sorts them by expert (route_top_k, plan_dispatch), sends each expert's rows to the
-device that holds that expert, runs grouped_mlp on its local experts, sends the results back to
-where the rows came from, and combines them with the router weights (combine).
+tokens, normalises them and sorts them by expert (route_top_k, plan_dispatch), sends each
+expert's rows to the device that holds that expert, runs grouped_mlp on its local experts, sends
+the results back to where the rows came from, and combines them with the router weights (combine).
 
 The exchange, with D devices, E experts and S = E / D local experts per device:
 - Counts: one all_gather of each device's per-expert row counts, an int32 [D, E] matrix

@@ -24,7 +24,8 @@ def test_decode_sweep_schema_and_agreement(tmp_path):
     assert result["benchmark"] == "decode" and result["hbm_bytes_per_s"] > 0
     assert isinstance(result["cmdbuf_during_profiling"], bool)
     rows = result["results"]
-    assert {(r["mode"], r["batch"]) for r in rows} == {(m, b) for m in decode.default_modes(jax.default_backend() == "gpu") for b in (1, 4)}
+    modes = decode.default_modes(jax.default_backend() == "gpu")
+    assert {(r["mode"], r["batch"]) for r in rows} == {(m, b) for m in modes for b in (1, 4)}
     for r in rows:
         assert tuple(r) == decode.RESULT_KEYS
         assert r["error"] is None, r

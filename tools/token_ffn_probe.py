@@ -18,6 +18,8 @@ from te_async.models.ffn import swiglu_mlp
 from te_async.routing import route
 from te_async.bench import timing
 
+if sys.argv[1:] not in ([], ["qwen3"]):
+    raise SystemExit(f"usage: python3 -P tools/token_ffn_probe.py [qwen3], got {sys.argv[1:]}")
 QWEN3 = sys.argv[1:] == ["qwen3"]
 L, H, E, F, K, FS = (26, 2048, 128, 768, 8, 0) if QWEN3 else (26, 2048, 64, 1408, 6, 2816)
 key = jax.random.key(0)

@@ -42,8 +42,7 @@ _STATIC = ("config", "group_sizes_mode", "experts")
 # 4096 cached tokens, generate's loop, written out against scanned (docs/benchmarks.md, tables G4 and
 # G4b): on an H200 without CUTLASS (2026-12-02) B=4 1.09x, 8 1.15x, 32 1.06x faster, B=1 and 2 0.93x
 # and 0.99x (B=1 1.02x since the MLA and MoE calls, table UN); on an H100 with CUTLASS (2026-12-06)
-# B=2 1.00x, 32 1.10x, 64 1.10x. Larger batches were not measured (B=128's cache does not fit an
-# H100 beside the weights).
+# B=2 1.00x, 32 1.10x, 64 1.10x. Larger batches were not measured.
 UNROLL_MAX_BATCH = 64
 
 
