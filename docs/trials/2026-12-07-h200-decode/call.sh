@@ -1,5 +1,5 @@
 #!/bin/bash
-# One call on an H200 (needs_h200; carry .whl), about 9 minutes. $OUT/summary.txt, results.tgz.
+# One call on an H200 (needs_h200; carry .whl, and .gpubuild/prebuilt if it holds a wheel of main), about 9 minutes. $OUT/summary.txt, results.tgz.
 # 1. stop 60's stripe read probe on the H200 (does it read 256-byte pieces faster than 128 by more
 #    than the H100's 2-3 %?).
 # 2. main built with CUTLASS for sm_90a: bench decode device T = 1 8 64 (the issues' H200 figures,
@@ -10,12 +10,19 @@
 set -u
 T=docs/trials/2026-12-07-h200-decode; R=/tmp/h2d; rm -rf $R; mkdir -p $R; T0=$SECONDS; S=$PWD; L=$OUT/summary.txt
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee $R/gpu.txt > $L
+# A wheel of main built on the CPU machine (tools/build_device_wheel.sh, copied to .gpubuild/prebuilt/
+# and carried) saves the build; else main is built here, beside the probe.
+pre=$(ls .gpubuild/prebuilt/te_async-*.whl 2>/dev/null | head -n 1)
 python3 -c "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall('/tmp/cutlass')" .whl/nvidia_cutlass-*.whl
+if [ -n "$pre" ]; then mkdir -p /tmp/wheel_main /tmp/w_main && cp "$pre" /tmp/wheel_main/ &&
+  python3 -c "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])" "$pre" /tmp/w_main &&
+  for d in . bench models; do cp te_async/$d/*.py /tmp/w_main/te_async/$d/; done; else  # the tree's Python, as PREBUILT
 ( CUTLASS_INCLUDE_DIR=/tmp/cutlass/cutlass_library/source/include CMAKE_BUILD_PARALLEL_LEVEL=14 python3 -m pip wheel \
   --no-build-isolation --no-deps --config-settings=cmake.define.TE_ASYNC_WITH_CUDA=ON \
   --config-settings=cmake.define.TE_ASYNC_WITH_CUTLASS=ON --config-settings=cmake.define.CMAKE_CUDA_ARCHITECTURES=90a-real \
   -w /tmp/wheel_main . > $R/build.log 2>&1; rm -rf /tmp/w_main; mkdir -p /tmp/w_main
   python3 -c "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])" /tmp/wheel_main/te_async-*.whl /tmp/w_main ) &
+fi
 nvcc -O3 -std=c++17 -arch=sm_90a docs/results/2026-12-06-h100-kn-reads/stripe_read_probe.cu -o $R/srp > $R/probe_build.log 2>&1
 for n in 34 64 34 64; do $R/srp $n >> $R/probe.txt 2>&1; done; cat $R/probe.txt >> $L
 wait
