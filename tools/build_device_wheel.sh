@@ -48,8 +48,9 @@ PATH="$work/venv/bin:$PATH" CUTLASS_INCLUDE_DIR="$work/cutlass/cutlass_library/s
   --config-settings=build-dir="$work/build" .
 rm -rf "$work/check"
 "$work/venv/bin/pip" install -q --no-deps --target "$work/check" "$out"/te_async-*.whl
+wheel=$(ls "$PWD/$out"/te_async-*.whl)
 (cd / && PYTHONPATH="$work/check" "$work/venv/bin/python" -c "
 from te_async import _ffi
 m = _ffi.cuda_module()
-assert m is not None and m.CUTLASS_BUILT, 'the wheel has no CUDA extension with CUTLASS'
-print('built with CUDA and CUTLASS:', *__import__('glob').glob('$PWD/$out/te_async-*.whl'))")
+assert m is not None and m.CUTLASS_BUILT, 'the wheel has no CUDA extension with CUTLASS'")
+echo "built with CUDA and CUTLASS: $wheel"
