@@ -46,9 +46,9 @@ PATH="$work/venv/bin:$PATH" CUTLASS_INCLUDE_DIR="$work/cutlass/cutlass_library/s
   --config-settings=cmake.define.TE_ASYNC_WITH_CUDA=ON --config-settings=cmake.define.TE_ASYNC_WITH_CUTLASS=ON \
   --config-settings=cmake.define.CUBLAS_INCLUDE_DIR="$work/cublas/nvidia/cu13/include" \
   --config-settings=build-dir="$work/build" .
-rm -rf "$work/check"
-"$work/venv/bin/pip" install -q --no-deps --target "$work/check" "$out"/te_async-*.whl
 wheel=$(ls "$PWD/$out"/te_async-*.whl)
+rm -rf "$work/check"
+"$work/venv/bin/pip" install -q --no-deps --target "$work/check" "$wheel"
 (cd / && PYTHONPATH="$work/check" "$work/venv/bin/python" -c "
 from te_async import _ffi
 m = _ffi.cuda_module()

@@ -14,18 +14,18 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee $R/gpu.tx
 # and carried) saves the build; else main is built here, beside the probe.
 pre=$(ls .gpubuild/prebuilt/te_async-*.whl 2>/dev/null | head -n 1)
 python3 -c "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall('/tmp/cutlass')" .whl/nvidia_cutlass-*.whl
-if [ -n "$pre" ]; then mkdir -p /tmp/wheel_main /tmp/w_main && cp "$pre" /tmp/wheel_main/ &&
-  python3 -c "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])" "$pre" /tmp/w_main &&
-  for d in . bench models; do cp te_async/$d/*.py /tmp/w_main/te_async/$d/; done; else  # the tree's Python, as PREBUILT
-( CUTLASS_INCLUDE_DIR=/tmp/cutlass/cutlass_library/source/include CMAKE_BUILD_PARALLEL_LEVEL=14 python3 -m pip wheel \
+if [ -n "$pre" ]; then mkdir -p /tmp/wheel_main && cp "$pre" /tmp/wheel_main/; else
+  CUTLASS_INCLUDE_DIR=/tmp/cutlass/cutlass_library/source/include CMAKE_BUILD_PARALLEL_LEVEL=14 python3 -m pip wheel \
   --no-build-isolation --no-deps --config-settings=cmake.define.TE_ASYNC_WITH_CUDA=ON \
   --config-settings=cmake.define.TE_ASYNC_WITH_CUTLASS=ON --config-settings=cmake.define.CMAKE_CUDA_ARCHITECTURES=90a-real \
-  -w /tmp/wheel_main . > $R/build.log 2>&1; rm -rf /tmp/w_main; mkdir -p /tmp/w_main
-  python3 -c "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])" /tmp/wheel_main/te_async-*.whl /tmp/w_main ) &
+  -w /tmp/wheel_main . > $R/build.log 2>&1 &
 fi
 nvcc -O3 -std=c++17 -arch=sm_90a docs/results/2026-12-06-h100-kn-reads/stripe_read_probe.cu -o $R/srp > $R/probe_build.log 2>&1
 for n in 34 64 34 64; do $R/srp $n >> $R/probe.txt 2>&1; done; cat $R/probe.txt >> $L
 wait
+rm -rf /tmp/w_main; mkdir -p /tmp/w_main
+python3 -c "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])" /tmp/wheel_main/te_async-*.whl /tmp/w_main
+[ -n "$pre" ] && for d in . bench models; do cp te_async/$d/*.py /tmp/w_main/te_async/$d/; done  # the tree's Python, as PREBUILT
 echo "built at $((SECONDS - T0)) s: $(ls /tmp/wheel_main)" >> $L
 export XLA_FLAGS=--xla_enable_command_buffers_during_profiling=true  # the profiled step keeps the timed step's graphs
 for u in auto never; do
