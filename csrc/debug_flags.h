@@ -66,17 +66,4 @@ inline bool DebugCutlass() {
   return on;
 }
 
-// TE_ASYNC_SMALL_GROUPS_TAIL_SLICES=n (1 to 8, default 2): the thread-block cluster size over which
-// small_groups' [G,K,N] kernel splits K for the items of its grid's last, partial round
-// (small_group_gemm.cu); 1 splits none (each item on one block, as before stop 65). For A/B
-// measurements; another value is ignored.
-inline int SmallGroupsTailSlices() {
-  static const int n = [] {
-    const char* v = std::getenv("TE_ASYNC_SMALL_GROUPS_TAIL_SLICES");
-    const long x = v ? std::strtol(v, nullptr, 10) : 0;
-    return x >= 1 && x <= 8 ? static_cast<int>(x) : 2;
-  }();
-  return n;
-}
-
 }  // namespace te_async

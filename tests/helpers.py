@@ -64,8 +64,8 @@ def device_plan(groups, rows, k, n, ragged, transpose_rhs, dtype, out_dtype=None
 
 
 def small_groups_slices(groups, rows, k, n, dtype, transpose_rhs=False) -> int:
-    """The most K slices (a thread-block cluster per split item) small_groups plans for these shapes on
-    GPU 0, 1 for no split (the launch takes fewer where its clusters would not all be resident)."""
+    """The most K slices (one thread-block cluster per item) small_groups plans for these shapes on GPU
+    0, 1 for no split (the launch takes fewer where the clusters would not all be resident)."""
     from te_async import _ffi
 
     major, minor = jax.devices("gpu")[0].compute_capability.split(".")

@@ -4,10 +4,6 @@ Skipped without a GPU. tools/gpu_check.sh runs them with TE_ASYNC_POISON_OUTPUTS
 start as NaN and any element a kernel leaves unwritten fails the comparison.
 """
 
-import os
-import subprocess
-import sys
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -133,42 +129,6 @@ def test_small_groups_split_k(rng, groups, rows, k, n, dtype, out_dtype):
     lhs, rhs = gemm_operands(rng, dtype, groups, rows, k, n, "m", False)
     first = np.asarray(device_gemm(lhs, rhs, sizes, "m", False, out_dtype), np.float32)
     assert np.array_equal(first, np.asarray(device_gemm(lhs, rhs, sizes, "m", False, out_dtype), np.float32))
-
-
-# TE_ASYNC_SMALL_GROUPS_TAIL_SLICES as csrc/debug_flags.h reads it (1 to 8, else 2).
-TAIL_SLICES = int(os.environ.get("TE_ASYNC_SMALL_GROUPS_TAIL_SLICES", "2"))
-TAIL_SLICES = TAIL_SLICES if 1 <= TAIL_SLICES <= 8 else 2
-
-
-@pytest.mark.parametrize("k,n,out_dtype", [(1408, 2048, None), (2048, 2816, jnp.float32), (777, 1001, None)])
-def test_small_groups_tail_split(rng, k, n, out_dtype):
-    """More items than the grid's blocks at decode sizes (DeepSeek-V2-Lite's fc2 and fc1 at 8
-    tokens, and an unaligned shape on the scalar path): whole rounds of items run on a block each
-    and the partial last round with K split over clusters of TAIL_SLICES blocks (Hopper), on
-    random, skewed and empty groups and rows past the total; repeated runs agree bit for bit."""
-    groups, rows = 64, 48
-    assert device_plan(groups, rows, k, n, "m", False, jnp.bfloat16, out_dtype).kernel == "small_groups"
-    if float(jax.devices("gpu")[0].compute_capability) >= 9.0:
-        assert small_groups_slices(groups, rows, k, n, jnp.bfloat16) == TAIL_SLICES
-    for kind in SIZE_KINDS:
-        check(rng, jnp.bfloat16, groups, rows, k, n, "m", False, kind, out_dtype=out_dtype)
-    sizes = random_group_sizes(rng, groups, rows, "random")
-    lhs, rhs = gemm_operands(rng, jnp.bfloat16, groups, rows, k, n, "m", False)
-    first = np.asarray(device_gemm(lhs, rhs, sizes, "m", False, out_dtype), np.float32)
-    assert np.array_equal(first, np.asarray(device_gemm(lhs, rhs, sizes, "m", False, out_dtype), np.float32))
-
-
-@pytest.mark.parametrize("slices", [1, 4])
-def test_small_groups_tail_slices_setting(slices):
-    """test_small_groups_tail_split in a process with TE_ASYNC_SMALL_GROUPS_TAIL_SLICES set (read
-    once a process): the last round's items unsplit (1, the kernel before the tail split) or over
-    clusters of four."""
-    env = dict(os.environ, TE_ASYNC_SMALL_GROUPS_TAIL_SLICES=str(slices), XLA_PYTHON_CLIENT_PREALLOCATE="false")
-    proc = subprocess.run([sys.executable, "-P", "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
-                           f"{__file__}::test_small_groups_tail_split"], env=env, capture_output=True, text=True,
-                          cwd=os.path.dirname(__file__), timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
-    assert "3 passed" in proc.stdout, proc.stdout[-1000:]
 
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])

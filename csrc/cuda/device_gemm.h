@@ -60,9 +60,8 @@ xla::ffi::Error LaunchSmallGroups(const DeviceGemm& g, cudaStream_t stream,
                                   const SmallGroupsFusion& fusion = {});  // small_group_gemm.cu
 // How small_groups splits K for a shape on a GPU (small_group_gemm.cu says why): at most max_slices
 // slices of slice_k k-rows, added by the thread-block cluster of an item's slices (compute
-// capability 9.0 and up; no workspace); every item where the items are fewer than the SMs, else
-// the items of the grid's partial last round. The launch may take fewer, where its clusters of so
-// many slices would not all be resident at once.
+// capability 9.0 and up; no workspace). The launch may take fewer, where the clusters of so many
+// slices would not all be resident at once.
 struct SmallGroupsSplitK {
   int slices = 1;
   int slice_k = 0;

@@ -94,8 +94,8 @@ NB_MODULE(_te_async_cuda, m) {
       nb::arg("groups"), nb::arg("rows"), nb::arg("k"), nb::arg("n"), nb::arg("ragged_k"), nb::arg("transpose_rhs"),
       nb::arg("in_dtype"), nb::arg("out_dtype"), nb::arg("compute_capability"), nb::arg("sm_count"),
       nb::arg("small_groups_max_rows"), nb::arg("cutlass_config"));
-  // The most K slices (a thread-block cluster per split item) small_groups plans for a shape, 1 for no split;
-  // the launch takes fewer where its clusters of so many would not all be resident at once.
+  // The most K slices (one thread-block cluster per item) small_groups plans for a shape, 1 for no split; the
+  // launch takes fewer where the clusters of so many would not all be resident at once.
   m.def(
       "small_groups_slices",
       [](int64_t groups, int64_t rows, int64_t k, int64_t n, bool transpose_rhs, const std::string& dtype,

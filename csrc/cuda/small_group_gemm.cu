@@ -55,14 +55,6 @@
 //   f32 sums in shared memory, and each block then adds a share of the outputs over the S blocks'
 //   shared memory (distributed shared memory), in slice order: deterministic, no atomics, no
 //   workspace, no second kernel. Clusters stride over the items together, so their barriers meet.
-// The partial last round (the tail split, [G,K,N], no row table). Where the items are at least the
-//   SMs, the blocks stride over the items of whole rounds of the grid alone, and the items of the
-//   last, partial round (items mod grid; on the GPU, from the sizes) run split over clusters of
-//   SmallGroupsTailSlices() blocks (2; TE_ASYNC_SMALL_GROUPS_TAIL_SLICES for A/B runs), the same
-//   sums as above. Unsplit, those few items were each read by one block alone at the end of the
-//   call, latency-bound (about 32 KB in flight a block): DeepSeek-V2-Lite's fc2 at 8 tokens (16
-//   column tiles x 30-40 active experts over 264 blocks on an H100) took 62-66 us in the layers
-//   without such a round and 72-77 with one (stop 64's profiled T = 8 step).
 // Dense calls (group_sizes == nullptr, dense_gemm.cc): one group of all rows, with no load of the
 //   sizes before the weights' first loads.
 // Scalar paths (K or N not a multiple of the 16-byte vector, or misaligned pointers) use the same
@@ -85,7 +77,6 @@
 #include "cuda/float_convert.cuh"
 #include "cuda/vector_loads.cuh"
 #include "cuda/group_layout.cuh"
-#include "debug_flags.h"
 #include "grouped_gemm_args.h"
 
 namespace te_async {
@@ -301,9 +292,6 @@ struct KnShared {
   // per-warp partial sums ([warp][flat][cx], at most kWarps * kChunkRows * kVec * kKnCx floats).
   __align__(16) float buf[kStageK * kChunkRows];
   float slice_sums[kChunkRows * kKnCx * Elem<T>::kVec];  // split K: this slice's sums of the item, [row][col]
-  // The block's items, and the first of the partial last round (SmallGroupsKnKernel), read here
-  // rather than kept in registers across an item: the kernel is at its 128.
-  int items, whole;
   static_assert(kStageK * kChunkRows >= kWarps * kChunkRows * Elem<T>::kVec * kKnCx, "buf holds the partial sums");
 };
 
@@ -426,10 +414,8 @@ __device__ __forceinline__ void SumClusterSlices(const Args& a, int row0, int n0
 #endif
 }
 
-// split (only in a kSplit kernel): this item's K is split over the block's cluster, the block taking
-// slice `slice`; else the block covers all of K alone.
 template <typename T, typename TO, bool kVec, bool kSplit, Fuse F, int RR>
-__device__ __forceinline__ void KnItem(const Args& a, const Chunk& ch, int n0, bool split, int slice, KnShared<T>& sh) {
+__device__ __forceinline__ void KnItem(const Args& a, const Chunk& ch, int n0, int slice, KnShared<T>& sh) {
   constexpr int V = Elem<T>::kVec;
   constexpr int kTile = kKnCx * V;
   // k-rows (16-byte loads in flight) per thread per iteration; the scalar path needs V loads each.
@@ -444,10 +430,9 @@ __device__ __forceinline__ void KnItem(const Args& a, const Chunk& ch, int n0, b
   const int valid_cols = min(V, N - col);  // <= 0: this thread's columns are past N
   const long long row_stride = static_cast<long long>(kKnRowsPerLoad) * N;  // between a thread's consecutive k-rows
   const long long step_stride = static_cast<long long>(kStep) * N;
-  // Without kSplit (a separate instantiation, so that the fused decode path keeps its registers) an
+  // Without a split (a separate instantiation, so that the decode path keeps its registers) an
   // item covers all of K.
-  split = kSplit && split;
-  const int k_begin = split ? slice * a.slice_k : 0, k_end = split ? min(K, k_begin + a.slice_k) : K;
+  const int k_begin = kSplit ? slice * a.slice_k : 0, k_end = kSplit ? min(K, k_begin + a.slice_k) : K;
   const T* wp = static_cast<const T*>(a.rhs) + static_cast<long long>(ch.group) * K * N +
                 static_cast<long long>(k_begin + ky) * N + col;
 
@@ -497,7 +482,7 @@ __device__ __forceinline__ void KnItem(const Args& a, const Chunk& ch, int n0, b
     float s = 0.f;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) s += sh.buf[(w * NV + flat) * kKnCx + ocx];
-    if (split) {
+    if constexpr (kSplit) {
       sh.slice_sums[o] = s;
       continue;
     }
@@ -510,7 +495,7 @@ __device__ __forceinline__ void KnItem(const Args& a, const Chunk& ch, int n0, b
       out[at] = FromFloat<TO>(s);
     }
   }
-  if (split) SumClusterSlices<TO, RR * kTile, kTile>(a, ch.row0, n0, sh.slice_sums);
+  if constexpr (kSplit) SumClusterSlices<TO, RR * kTile, kTile>(a, ch.row0, n0, sh.slice_sums);
   // The next item's first write to buf follows a __syncthreads (staging or reduction).
 }
 
@@ -522,49 +507,29 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) SmallGroupsKnKernel(Ar
   static_assert(sizeof(sh.buf) >= (kMaxG + 1) * sizeof(int), "buf holds PrepareChunks' scratch");
   const int chunks = PrepareChunks(a, sh.tables, reinterpret_cast<int*>(sh.buf));
   const int tiles = (a.n + kTile - 1) / kTile;
-  // Items of whole rounds of the grid: one block each, all of K, the blocks striding over them by
-  // the grid. With kSplit, the items of the last, partial round (all of them where they are fewer
-  // than the blocks, as in a split dense call) then run on a thread-block cluster each, K split over
-  // its a.slices blocks (rank = slice), the clusters striding together: where a few blocks would
-  // read alone at the end, latency-bound, every block of the grid reads a slice (see the header).
-  if (threadIdx.x == 0) {
-    const int items = tiles * chunks;  // < 2^31: checked on the host
-    sh.items = items;
-    sh.whole = kSplit ? items - items % static_cast<int>(gridDim.x) : items;
-  }
-  __syncthreads();
-  // The first item of the partial round for this block's cluster (past the items without kSplit).
-  auto first_split = [&] { return sh.whole + static_cast<int>(blockIdx.x) / a.slices; };
-  int item = static_cast<int>(blockIdx.x);
-  if (item >= sh.whole) item = first_split();
-  // item -> (tile, chunk), chunk fastest: the row chunks of one group share weights. One call site
-  // of KnItem, so that its row-count variants are compiled once.
+  const int items = tiles * chunks;  // < 2^31: checked on the host
+  // Split K: a cluster of a.slices blocks (rank = slice) per item, clusters striding together.
+  const int slice = kSplit ? static_cast<int>(blockIdx.x) % a.slices : 0;
+  const int first = kSplit ? static_cast<int>(blockIdx.x) / a.slices : static_cast<int>(blockIdx.x);
+  const int stride = kSplit ? static_cast<int>(gridDim.x) / a.slices : static_cast<int>(gridDim.x);
+  // item -> (tile, chunk), chunk fastest: the row chunks of one group share weights.
 #pragma unroll 1
-  while (item < sh.items) {
-    const bool split = kSplit && item >= sh.whole;
-    const int slice = split ? static_cast<int>(blockIdx.x) % a.slices : 0;
+  for (int item = first; item < items; item += stride) {
     const int tile = item / chunks;
     const Chunk ch = FindChunk(a, sh.tables, item % chunks);
     const int n0 = tile * kTile;
     if (ch.group == a.groups) {  // rows past the clamped total: zeros (by one slice; the cluster skips alike)
-      if (slice == 0) {
-        for (int o = threadIdx.x; o < ch.rows * kTile; o += kThreads) {
-          const int r = o / kTile, c = o % kTile, dst = MappedRow<F>(sh.rows.dst, ch.row0 + r);
-          if (n0 + c >= a.n || dst < 0) continue;
-          static_cast<TO*>(a.out)[static_cast<long long>(dst) * a.n + n0 + c] = FromFloat<TO>(0.f);
-        }
+      if (slice != 0) continue;
+      for (int o = threadIdx.x; o < ch.rows * kTile; o += kThreads) {
+        const int r = o / kTile, c = o % kTile, dst = MappedRow<F>(sh.rows.dst, ch.row0 + r);
+        if (n0 + c >= a.n || dst < 0) continue;
+        static_cast<TO*>(a.out)[static_cast<long long>(dst) * a.n + n0 + c] = FromFloat<TO>(0.f);
       }
-    } else {
-      WithRowCount(ch.rows, [&](auto rr) {
-        KnItem<T, TO, kVec, kSplit, F, decltype(rr)::value>(a, ch, n0, split, slice, sh);
-      });
+      continue;
     }
-    const int blocks = Opaque(static_cast<int>(gridDim.x));
-    if (split) {
-      item += blocks / a.slices;
-    } else if ((item += blocks) >= sh.whole) {
-      item = first_split();
-    }
+    WithRowCount(ch.rows, [&](auto rr) {
+      KnItem<T, TO, kVec, kSplit, F, decltype(rr)::value>(a, ch, n0, slice, sh);
+    });
   }
 }
 
@@ -740,11 +705,10 @@ SmallGroupsSplitK PlanSmallGroupsSplitK(const GroupedGemmShape& s, int compute_c
                                         int max_slices) {
   SmallGroupsSplitK split;
   const long long items = KnTiles(s) * MaxChunks(s.groups, s.rows);
-  if (compute_capability < 90 || s.transpose_rhs || s.ragged_k || s.rows <= 0 || s.n <= 0) return split;
-  // Fewer items than SMs: enough slices for about 2 blocks an SM. Else the grid's last, partial
-  // round of items is split (SmallGroupsTailSlices, debug_flags.h).
-  const long long want = items < sm_count ? (static_cast<long long>(kBlocksPerSm) * sm_count + items - 1) / items
-                                          : SmallGroupsTailSlices();
+  if (compute_capability < 90 || s.transpose_rhs || s.ragged_k || s.rows <= 0 || s.n <= 0 || items >= sm_count) {
+    return split;
+  }
+  const long long want = (static_cast<long long>(kBlocksPerSm) * sm_count + items - 1) / items;
   const long long most = (s.k + kSplitKGranule - 1) / kSplitKGranule;
   const long long slices = std::min<long long>({want, most, kMaxSlices, max_slices});
   if (slices <= 1) return split;
@@ -775,21 +739,15 @@ void (*KnKernel(bool splits, const SmallGroupsFusion& fusion))(Args) {
   return splits ? SmallGroupsKnKernel<T, TO, kVec, true, Fuse::kNone> : SmallGroupsKnKernel<T, TO, kVec, false, Fuse::kNone>;
 }
 
-// The clusters of `slices` blocks a launch of `items` items takes: one an item, at most 2 blocks an SM.
-long long LaunchClusters(long long items, long long max_blocks, int slices) {
-  return std::max(1LL, std::min(items, max_blocks / slices));
-}
-
-// The split for a call: PlanSmallGroupsSplitK's, with fewer slices while the launch's clusters
-// would not all be resident at once (a cluster's blocks share a GPC, so clusters of many blocks
-// fit fewer times than the SMs suggest; a second wave costs more than the split saves).
-ffi::ErrorOr<SmallGroupsSplitK> ResidentSplit(const DeviceGemm& g, void (*split_kernel)(Args), long long items,
-                                              long long max_blocks) {
+// The split for a call: PlanSmallGroupsSplitK's, with fewer slices while the clusters of the
+// items would not all be resident at once (a cluster's blocks share a GPC, so clusters of many
+// blocks fit fewer times than the SMs suggest; a second wave costs more than the split saves).
+ffi::ErrorOr<SmallGroupsSplitK> ResidentSplit(const DeviceGemm& g, void (*split_kernel)(Args), long long items) {
   SmallGroupsSplitK split = PlanSmallGroupsSplitK(g.s, g.compute_capability, g.sm_count);
   while (split.slices > 1) {
     auto resident = ResidentClusters(split_kernel, kThreads, split.slices);
     if (resident.has_error()) return ffi::Unexpected(resident.error());
-    if (LaunchClusters(items, max_blocks, split.slices) <= *resident) break;
+    if (items <= *resident) break;
     split = PlanSmallGroupsSplitK(g.s, g.compute_capability, g.sm_count, split.slices - 1);
   }
   return split;
@@ -827,14 +785,16 @@ ffi::Error Launch(const DeviceGemm& g, const SmallGroupsFusion& fusion, cudaStre
     };
     SmallGroupsSplitK split;  // the row table is never split
     if (fusion.choice_of_row == nullptr) {
-      auto resident = ResidentSplit(g, kernel(true), max_tiles * chunks, max_blocks);
+      auto resident = ResidentSplit(g, kernel(true), max_tiles * chunks);
       if (resident.has_error()) return resident.error();
       split = *resident;
     }
     a.slices = split.slices;
     a.slice_k = split.slices > 1 ? split.slice_k : a.k;
-    // Whole clusters of split.slices blocks (SmallGroupsKnKernel says which items they split).
-    const long long clusters = LaunchClusters(max_tiles * chunks, max_blocks, split.slices);
+    // Whole clusters of split.slices blocks, each cluster on one item at a time.
+    long long clusters = max_tiles * chunks;
+    if (clusters > max_blocks / split.slices) clusters = max_blocks / split.slices;
+    if (clusters < 1) clusters = 1;
     cudaLaunchAttribute attr;
     const cudaLaunchConfig_t config = ClusterLaunchConfig(clusters * split.slices, kThreads, split.slices, stream, attr);
     return CudaStatus(cudaLaunchKernelEx(&config, kernel(split.slices > 1), a),
