@@ -31,6 +31,8 @@ def test_decode_sweep_schema_and_agreement(tmp_path):
         assert r["error"] is None, r
         assert r["median_ms"] > 0 and r["floor_ms"] > 0 and r["ratio_to_floor"] > 0 and r["loop_ms"] > 0
         assert 1 <= r["active_experts"] <= 8
+        per_layer = r["active_experts_per_layer"]
+        assert len(per_layer) == presets.resolve("tiny")[1].layers and all(1 <= n <= 8 for n in per_layer), r
         if r["batch"] == 4:  # --detail-batch 8 falls on the nearest batch run
             assert r["rel_error_vs_sync"] < tol, r
         else:

@@ -28,7 +28,9 @@ Modes:
 
 The floor is the bytes of the experts a batch actually hits (counted on the host from the
 routing, per layer, averaged over the rotated inputs) over the HBM bandwidth measured in the
-same run. Every mode's first layer is checked against sync at one batch (rel_error_vs_sync; the
+same run; active_experts_per_layer is the first input's count per layer, the input the profiled
+steps run, so that a profiled scan trip (a layer) can be set against its own floor (per layer the
+count varies by several experts: at T = 8 on an H100, fc1's and fc2's times of a layer follow it). Every mode's first layer is checked against sync at one batch (rel_error_vs_sync; the
 first layer only, since later layers may route near-tied tokens differently after bf16 rounding,
 with no fault in either mode). Wall-clock latency is measured unprofiled, two ways: steps on
 N_INPUTS rotated inputs, blocked on every INNER steps (median_ms: each step on new buffers), and a
@@ -61,7 +63,7 @@ except ImportError:  # tqdm is an optional extra
 
 RESULT_KEYS = (
     "mode", "batch", "median_ms", "p10_ms", "p90_ms", "samples", "floor_ms", "ratio_to_floor",
-    "active_experts", "busy_us", "idle_us", "idle_fraction", "n_host_syncs", "n_graph_launches",
+    "active_experts", "active_experts_per_layer", "busy_us", "idle_us", "idle_fraction", "n_host_syncs", "n_graph_launches",
     "n_kernels", "rel_error_vs_sync", "nohost_reads_bytes", "written_out", "loop_ms", "error",
 )
 PROFILE_KEYS, CMDBUF_FLAG = timing.PROFILE_KEYS, timing.CMDBUF_FLAG
@@ -169,11 +171,14 @@ def init_params(m: presets.Model, dtype, key):
 
 
 def _floor(params, model, xs, expert_bytes, hbm_bytes_per_s):
-    """Active experts per layer (the sync step's routing, averaged over the inputs) and the floor."""
+    """Active experts (the sync step's routing, averaged over the layers and inputs), the floor, and
+    the first input's count per layer: the profiled steps run that input (_profile), so that each
+    scan trip (a layer) of the timeline can be set against its own floor."""
     step = make_step(MODES["sync"], model, with_experts=True)
-    experts = [np.asarray(step(params, x)[1]) for x in xs]
-    active = float(np.mean([len(np.unique(layer)) for e in experts for layer in e]))
-    return dict(active_experts=active, floor_ms=1e3 * active * model.layers * expert_bytes / hbm_bytes_per_s)
+    counts = [[len(np.unique(layer)) for layer in np.asarray(step(params, x)[1])] for x in xs]
+    active = float(np.mean(counts))
+    return dict(active_experts=active, active_experts_per_layer=counts[0],
+                floor_ms=1e3 * active * model.layers * expert_bytes / hbm_bytes_per_s)
 
 
 def _first_layer_check(params, model, x):
@@ -190,9 +195,9 @@ def _rel_error(y, ref):
 
 
 def _profile(step, inputs, log_dir):
-    """Bubble figures of the median of PROFILED_STEPS steps, and that step's device window."""
-    return timing.profile_steps(lambda i: step(*inputs[i % len(inputs)]), log_dir, steps=PROFILED_STEPS,
-                                annotation=ANNOTATION)
+    """Bubble figures of the median of PROFILED_STEPS steps of the first input (whose routing
+    active_experts_per_layer gives), and that step's device window."""
+    return timing.profile_steps(lambda i: step(*inputs[0]), log_dir, steps=PROFILED_STEPS, annotation=ANNOTATION)
 
 
 def _loop_s(step, step_inputs, steps):
@@ -230,7 +235,7 @@ def _torch_contender(model, step_inputs):
 def _measure(mode, batch, step_inputs, ref, model, args, profile, expert_bytes):
     """One result row; a mode that raises (out of memory, unsupported) gets an error, not a crash."""
     row = dict.fromkeys(RESULT_KEYS) | dict(mode=mode, batch=batch)
-    row.update(floor_ms=ref.get("floor_ms"), active_experts=ref.get("active_experts"))
+    row.update({k: ref.get(k) for k in ("floor_ms", "active_experts", "active_experts_per_layer")})
     if mode == "nohost":
         row["nohost_reads_bytes"] = batch * model.top_k * expert_bytes * model.layers
     row["written_out"] = writes_out(args.unroll, mode, batch)
