@@ -29,8 +29,9 @@ Modes:
 The floor is the bytes of the experts a batch actually hits (counted on the host from the
 routing, per layer, averaged over the rotated inputs) over the HBM bandwidth measured in the
 same run; active_experts_per_layer is the first input's count per layer, the input the profiled
-steps run, so that a profiled scan trip (a layer) can be set against its own floor (per layer the
-count varies by several experts: at T = 8 on an H100, fc1's and fc2's times of a layer follow it). Every mode's first layer is checked against sync at one batch (rel_error_vs_sync; the
+steps run, so that a profiled scan trip (a layer) can be set against its own floor (the count
+varies by several experts from layer to layer: at T = 8 on an H100, fc1's and fc2's times of a
+layer follow it). Every mode's first layer is checked against sync at one batch (rel_error_vs_sync; the
 first layer only, since later layers may route near-tied tokens differently after bf16 rounding,
 with no fault in either mode). Wall-clock latency is measured unprofiled, two ways: steps on
 N_INPUTS rotated inputs, blocked on every INNER steps (median_ms: each step on new buffers), and a
@@ -63,8 +64,8 @@ except ImportError:  # tqdm is an optional extra
 
 RESULT_KEYS = (
     "mode", "batch", "median_ms", "p10_ms", "p90_ms", "samples", "floor_ms", "ratio_to_floor",
-    "active_experts", "active_experts_per_layer", "busy_us", "idle_us", "idle_fraction", "n_host_syncs", "n_graph_launches",
-    "n_kernels", "rel_error_vs_sync", "nohost_reads_bytes", "written_out", "loop_ms", "error",
+    "active_experts", "active_experts_per_layer", "busy_us", "idle_us", "idle_fraction", "n_host_syncs",
+    "n_graph_launches", "n_kernels", "rel_error_vs_sync", "nohost_reads_bytes", "written_out", "loop_ms", "error",
 )
 PROFILE_KEYS, CMDBUF_FLAG = timing.PROFILE_KEYS, timing.CMDBUF_FLAG
 ANNOTATION = "decode_step"
