@@ -26,18 +26,18 @@ Modes:
                 step (torch_reference.moe_decode_step; where torch with CUDA imports, by default on
                 a GPU). It reads the JAX weights in place. No profiled run: its bubble fields stay empty.
 
-The floor is the bytes of the experts a batch actually hits (counted on the host from the
-routing, per layer, averaged over the rotated inputs) over the HBM bandwidth measured in the
-same run; active_experts_per_layer is the first input's count per layer, the input the profiled
-steps run, so that a profiled scan trip (a layer) can be set against its own floor (the count
-varies by several experts from layer to layer: at T = 8 on an H100, fc1's and fc2's times of a
-layer follow it). Every mode's first layer is checked against sync at one batch (rel_error_vs_sync; the
-first layer only, since later layers may route near-tied tokens differently after bf16 rounding,
-with no fault in either mode). Wall-clock latency is measured unprofiled, two ways: steps on
-N_INPUTS rotated inputs, blocked on every INNER steps (median_ms: each step on new buffers), and a
-loop whose state (the step count and the last output) stays in donated buffers, as models.generate
-runs its steps (loop_ms; the same rotated inputs, read by the count). The bubble comes from a separate
-profiled run, because profiling turns XLA's command buffers off unless XLA_FLAGS says otherwise.
+The floor is the bytes of the experts a batch actually hits (counted on the host from the routing,
+per layer, averaged over the rotated inputs) over the HBM bandwidth measured in the same run;
+active_experts_per_layer is the first input's count per layer, the input the profiled steps run, so
+that a profiled scan trip (a layer) can be set against its own floor (the count varies by several
+experts from layer to layer: at T = 8 on an H100, fc1's and fc2's times of a layer follow it).
+Every mode's first layer is checked against sync at one batch (rel_error_vs_sync; the first layer
+only, since later layers may route near-tied tokens differently after bf16 rounding, with no fault
+in either mode). Wall-clock latency is measured unprofiled, two ways: steps on N_INPUTS rotated
+inputs, blocked on every INNER steps (median_ms: each step on new buffers), and a loop whose state
+(the step count and the last output) stays in donated buffers, as models.generate runs its steps
+(loop_ms; the same rotated inputs, read by the count). The bubble comes from a separate profiled
+run, because profiling turns XLA's command buffers off unless XLA_FLAGS says otherwise.
 """
 
 import argparse
@@ -195,10 +195,10 @@ def _rel_error(y, ref):
     return float(np.linalg.norm(y - ref) / np.linalg.norm(ref))
 
 
-def _profile(step, inputs, log_dir):
+def _profile(step, first_input, log_dir):
     """Bubble figures of the median of PROFILED_STEPS steps of the first input (whose routing
     active_experts_per_layer gives), and that step's device window."""
-    return timing.profile_steps(lambda i: step(*inputs[0]), log_dir, steps=PROFILED_STEPS, annotation=ANNOTATION)
+    return timing.profile_steps(lambda i: step(*first_input), log_dir, steps=PROFILED_STEPS, annotation=ANNOTATION)
 
 
 def _loop_s(step, step_inputs, steps):
@@ -258,7 +258,7 @@ def _measure(mode, batch, step_inputs, ref, model, args, profile, expert_bytes):
         if row["floor_ms"]:
             row["ratio_to_floor"] = row["median_ms"] / row["floor_ms"]
         if profile and mode != TORCH:
-            fields, window = _profile(step, step_inputs, args.out / "traces" / f"{mode}_T{batch}")
+            fields, window = _profile(step, step_inputs[0], args.out / "traces" / f"{mode}_T{batch}")
             row.update(fields)
     except Exception as e:  # noqa: BLE001 -- the sweep goes on; the row says why this one failed
         row["error"] = f"{type(e).__name__}: {e}"[:1000]
