@@ -62,10 +62,11 @@ def check(got, want, dtype, weights_rtol=None):
     np.testing.assert_array_equal(np.asarray(routing.experts), experts)
     np.testing.assert_allclose(np.asarray(routing.weights), weights, rtol=rounding if weights_rtol is None else weights_rtol)
     check_dispatch(dispatch, experts, int(dispatch.group_sizes.shape[0]))
-    # Each row is its token's norm(x), within an ulp of x's dtype (the kernel's sum of squares and
-    # rsqrtf may move a value across a rounding boundary).
+    # Each row is its token's norm(x), within two ulps of x's dtype: the kernel's sum of squares and
+    # rsqrtf may move a value across a rounding boundary, and transformers' rounding (round_first)
+    # multiplies that ulp by the scale before rounding again (seen: 8 of 65536 values 2 ulps off, f16).
     want_rows = xn[np.asarray(dispatch.token_of_row)]
-    np.testing.assert_allclose(np.asarray(rows, np.float64), want_rows, rtol=ULP[dtype], atol=0)
+    np.testing.assert_allclose(np.asarray(rows, np.float64), want_rows, rtol=2 * ULP[dtype], atol=0)
 
 
 # DeepSeek-like (group-limited top-k, scaling, a float32 router), Qwen3-like (128 experts, top-8),
@@ -96,8 +97,10 @@ def test_reference_path_against_float64(rng, case):
 
 def marked(x, norm, router, lead):
     """x's last len(lead) columns made markers (64 on the diagonal, 0 elsewhere; scale 1), and the
-    router's rows there adding 3 x the normalised marker (about 45) to token t's logits of experts
-    lead[t] (one list for every token where len(lead) is 1), so that they lead beyond doubt."""
+    router's rows there adding about 45 to token t's logits of experts lead[t] (one list for every
+    token where len(lead) is 1), so that they lead beyond doubt but the other experts' softmax
+    weights stay above float32's underflow (a marker of 64 read raw, times 3, left them all 0,
+    tied in index order)."""
     t, h = x.shape
     n = len(lead)
     xf = np.asarray(x, np.float64)
@@ -105,7 +108,7 @@ def marked(x, norm, router, lead):
     w = np.asarray(router.weight, np.float64)
     w[h - n:] = 0
     for i, experts in enumerate(lead):
-        w[h - n + i, experts] = 3
+        w[h - n + i, experts] = 3 if router.reads_normed else 0.7  # the normalised marker is about 15
     scale = norm.scale.at[h - n:].set(1)
     return (jnp.asarray(xf, x.dtype), norm._replace(scale=scale),
             router._replace(weight=jnp.asarray(w, router.weight.dtype)))
@@ -134,7 +137,6 @@ def test_errors(rng):
         route_rows.route_rows(x, norm, router._replace(weight=router.weight[1:]))
     with pytest.raises(ValueError, match=r"x \[T, H\]"):
         route_rows.route_rows(x[0], norm, router)
-    assert not route_rows.applies(x, norm, router)  # no GPU here, or: float32 is not a kernel dtype below
     assert not route_rows.applies(x.astype(jnp.float32), norm, router)
 
 

@@ -7,17 +7,18 @@
 //
 // One thread-block cluster of kSlices blocks of kRouteThreads threads (compute capability 9.0 and
 // up); block `rank` owns H's columns [rank * per, (rank + 1) * per), per = H / kSlices:
-//   1. loads its columns of x and of the norm scale; each token's sum of squares over them (a warp
-//      a token, a fixed butterfly) into its shared memory;
-//   2. cluster barrier; each block adds the kSlices sums in rank order (every block the same
-//      value), normalises its columns with token_ffn.cu's arithmetic (te_async.mlp.normalize's,
-//      or with round_first transformers' RMSNorm), each value rounded to x's dtype;
-//   3. its rows of the router [H, E], staged in shared memory in chunks, times its columns of x
-//      (or of norm(x)): partial logits [T, E] in f32, each output's rows split over the threads
-//      left and added in a fixed order, written into rank 0's shared memory;
-//   4. cluster barrier; rank 0 adds the partials in rank order and routes them (RouteBlock),
+//   1. starts copying its rows of the router [H, E] into shared memory (cp.async, the first chunk
+//      of kChunkBytes), and meanwhile: every token's sum of squares over all of H (each block the
+//      same sums in the same order: a warp a token, a fixed butterfly, so no exchange between
+//      blocks), its columns of x and of the norm scale, and their norm with token_ffn.cu's
+//      arithmetic (te_async.mlp.normalize's, or with round_first transformers' RMSNorm), each value
+//      rounded to x's dtype;
+//   2. its rows of the router times its columns of x (or of norm(x)): thread (token, 16-byte vector
+//      of experts, group of rows) sums its rows, the groups are added in a fixed order, and the
+//      partial logits [T, E] in f32 go into rank 0's shared memory;
+//   3. cluster barrier; rank 0 adds the partials in rank order and routes them (RouteBlock),
 //      writing the routing to global memory, while the other blocks wait;
-//   5. cluster barrier (its release and acquire order rank 0's writes before the other blocks'
+//   4. cluster barrier (its release and acquire order rank 0's writes before the other blocks'
 //      reads); every block writes its columns of the rows: row r = norm(x)[token of row r].
 // Deterministic: every sum in a fixed order, no float atomics.
 #include <cuda_bf16.h>
@@ -29,6 +30,7 @@
 #include <string>
 #include <utility>
 
+#include "cuda/attention_tile.cuh"
 #include "cuda/cuda_check.h"
 #include "cuda/device_gemm.h"
 #include "cuda/float_convert.cuh"
@@ -48,9 +50,9 @@ constexpr int kSlices = 8;                           // the cluster (the portabl
 constexpr int kVec = 8;                              // 16-bit elements of x per 16-byte vector
 constexpr int kMaxHidden = 4096;                     // x's columns of a block, in f32 twice
 constexpr int kMaxPer = kMaxHidden / kSlices;
-constexpr int kOutputs = kRouteRowsMaxLogits / kRouteThreads;  // logits a thread sums, at most
 constexpr int kChunkBytes = 32 * 1024;               // router rows staged in shared memory at once
-static_assert(kRouteRowsMaxLogits % kRouteThreads == 0 && kRouteRowsMaxTokens <= kRouteWarps, "a warp a token's norm");
+static_assert(kRouteRowsMaxTokens <= kRouteWarps && kRouteRowsMaxLogits / 4 <= kRouteThreads && kRouteMaxChoices <= kRouteThreads * kVec,
+              "a warp a token's norm; a thread at least each 16-byte vector of logits; the rows' tokens in the sums' memory");
 
 struct RouteRowsArgs {
   const void* x;             // [T, H]
@@ -64,32 +66,56 @@ struct RouteRowsArgs {
 };
 
 // Shared memory of a block, in floats: x's and norm(x)'s columns [T, per] as f32, the scale's
-// columns [per], the sums of squares and the norms' factors [kRouteWarps] each, the partial logits
-// [kSlices, T*E] (rank 0's receive every block's), the thread's row sums [kRouteRowsMaxLogits] and
-// the router chunk.
+// columns [per], the norms' factors [kRouteWarps], the partial logits [kSlices, T*E] (rank 0's receive
+// every block's), the row groups' sums [groups, T*E] (kRouteThreads 16-byte vectors of logits at most;
+// then the rows' tokens) and the router chunk.
 struct Layout {
-  int xs, xn, scale, squares, factors, partials, sums, chunk, floats;
+  int xs, xn, scale, factors, partials, sums, chunk, floats;
   __host__ __device__ Layout(int tokens, int per, int logits)
-      : xs(0), xn(tokens * per), scale(2 * tokens * per), squares(scale + per), factors(squares + kRouteWarps),
-        partials(factors + kRouteWarps), sums(partials + kSlices * logits), chunk(sums + kRouteRowsMaxLogits),
-        floats(chunk + kChunkBytes / 4) {}
+      : xs(0), xn(tokens * per), scale(2 * tokens * per), factors(scale + per), partials(factors + kRouteWarps),
+        sums(partials + kSlices * logits), chunk(sums + kRouteThreads * kVec), floats(chunk + kChunkBytes / 4) {}
 };
 
 template <typename T, typename W, typename Form>
 __global__ void __launch_bounds__(kRouteThreads, 1) RouteRowsKernel(RouteRowsArgs a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  __cluster_barrier_arrive_relaxed();  // with the wait before the first write to rank 0: every block has started
   extern __shared__ __align__(16) float smem[];
+  constexpr int V = Elem<W>::kVec;  // router columns (experts) per 16-byte vector
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int rank = static_cast<int>(__clusterRelativeBlockRank());
   const int tokens = a.route.tokens, experts = a.route.top.experts, top_k = a.route.top.top_k;
   const int per = a.per, c0 = rank * per, hidden = a.hidden, logits = tokens * experts, vecs = per / kVec;
   const Layout at(tokens, per, logits);
-  float *xs = smem + at.xs, *xn = smem + at.xn, *scale = smem + at.scale, *squares = smem + at.squares;
-  float *factors = smem + at.factors, *partials = smem + at.partials, *sums = smem + at.sums;
+  float *xs = smem + at.xs, *xn = smem + at.xn, *scale = smem + at.scale, *factors = smem + at.factors;
+  float *partials = smem + at.partials, *sums = smem + at.sums;
   const W* chunk = reinterpret_cast<const W*>(smem + at.chunk);
 
-  // 1. x's columns and the scale's; the tokens' sums of squares over them.
+  // 1. The router's first chunk on its way; the norm meanwhile.
+  const int chunk_rows = kChunkBytes / (experts * static_cast<int>(sizeof(W))) / kVec * kVec;
+  const auto stage = [&](int r0) {  // rows [r0, r0 + chunk_rows) of the block's, cp.async
+    const int n = min(chunk_rows, per - r0);
+    const uint4* src = reinterpret_cast<const uint4*>(static_cast<const W*>(a.router) + static_cast<long long>(c0 + r0) * experts);
+    uint4* dst = reinterpret_cast<uint4*>(smem + at.chunk);
+    for (int i = tid; i < n * experts * static_cast<int>(sizeof(W)) / 16; i += kRouteThreads) {
+      attention_tile::CopyAsync16(dst + i, src + i, true);
+    }
+    attention_tile::CommitCopies();
+  };
+  stage(0);
   const T* x = static_cast<const T*>(a.x);
+  if (warp < tokens) {
+    const T* row = x + static_cast<long long>(warp) * hidden;
+    float s = 0.f;
+    for (int v = lane; v < hidden / kVec; v += 32) {
+      float f[kVec];
+      Unpack<T>(*reinterpret_cast<const uint4*>(row + v * kVec), f);
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) s = fmaf(f[j], f[j], s);
+    }
+    s = WarpSum(s);
+    if (lane == 0) factors[warp] = rsqrtf(s / static_cast<float>(hidden) + a.eps);
+  }
   for (int i = tid; i < tokens * vecs; i += kRouteThreads) {
     const int t = i / vecs, c = (i % vecs) * kVec;
     float f[kVec];
@@ -101,74 +127,53 @@ __global__ void __launch_bounds__(kRouteThreads, 1) RouteRowsKernel(RouteRowsArg
     scale[c] = a.scale_f32 ? static_cast<const float*>(a.scale)[c0 + c] : ToFloat<T>(static_cast<const T*>(a.scale)[c0 + c]);
   }
   __syncthreads();
-  if (warp < tokens) {
-    float s = 0.f;
-    for (int c = lane; c < per; c += 32) s = fmaf(xs[warp * per + c], xs[warp * per + c], s);
-    s = WarpSum(s);
-    if (lane == 0) squares[warp] = s;
-  }
-  __cluster_barrier_arrive();  // releases the sums; also: every block has started before any reads another's memory
-  __cluster_barrier_wait();
-
-  // 2. The norm, with the cluster's sums added in rank order.
-  if (tid < tokens) {
-    float s = 0.f;
-    for (int q = 0; q < kSlices; ++q) s += static_cast<const float*>(__cluster_map_shared_rank(squares, q))[tid];
-    factors[tid] = rsqrtf(s / static_cast<float>(hidden) + a.eps);
-  }
-  __syncthreads();
   for (int i = tid; i < tokens * per; i += kRouteThreads) {
     float y = xs[i] * factors[i / per], sc = scale[i % per];
     if (a.round_first) y = Rounded<T>(y), sc = Rounded<T>(sc);
     xn[i] = Rounded<T>(y * sc);
   }
 
-  // 3. Partial logits: thread q sums rows [part * len, (part + 1) * len) of each chunk for logit
-  // q % logits, part = q / logits < parts (the threads left over when logits < kRouteThreads).
+  // 2. Partial logits: thread (t, v, g) sums its group's rows of each chunk for logits t * E + v * V ..
   const float* in = a.router_reads_normed ? xn : xs;
-  const int parts = max(1, kRouteThreads / logits);
-  const int chunk_rows = kChunkBytes / (experts * static_cast<int>(sizeof(W))) / kVec * kVec;
-  float acc[kOutputs] = {};
+  const int nvec = experts / V, pairs = tokens * nvec, groups = kRouteThreads / pairs;
+  const int p = tid % pairs, g = tid / pairs, t = p / nvec, v = p % nvec;
+  float acc[V] = {};
   for (int r0 = 0; r0 < per; r0 += chunk_rows) {
-    const int n = min(chunk_rows, per - r0), len = ((n + parts - 1) / parts + 3) / 4 * 4;
-    const uint4* src = reinterpret_cast<const uint4*>(static_cast<const W*>(a.router) + static_cast<long long>(c0 + r0) * experts);
-    uint4* dst = reinterpret_cast<uint4*>(smem + at.chunk);
-    for (int i = tid; i < n * experts * static_cast<int>(sizeof(W)) / 16; i += kRouteThreads) dst[i] = LoadStream(src + i);
+    if (r0 > 0) stage(r0);  // the previous chunk's readers are past the barrier below
+    attention_tile::WaitCopies();
     __syncthreads();
+    const int n = min(chunk_rows, per - r0), len = (n / 4 + groups - 1) / groups * 4;  // n is a multiple of 8
+    const int begin = min(n, g * len), end = g < groups ? min(n, begin + len) : begin;
+    const float* xr = in + t * per + r0;
+    for (int r = begin; r < end; r += 4) {
+      const float4 x4 = *reinterpret_cast<const float4*>(xr + r);
+      const float xv[4] = {x4.x, x4.y, x4.z, x4.w};
 #pragma unroll
-    for (int j = 0; j < kOutputs; ++j) {
-      const int q = tid + j * kRouteThreads, o = q % logits, part = q / logits;
-      if (part >= parts) continue;
-      const int begin = min(n, part * len), end = min(n, begin + len), e = o % experts;
-      const float* xr = in + (o / experts) * per + r0;
-      float s = acc[j];
-      for (int r = begin; r < end; r += 4) {  // n and len are multiples of 4
-        const float4 v = *reinterpret_cast<const float4*>(xr + r);
-        s = fmaf(v.x, ToFloat<W>(chunk[r * experts + e]), s);
-        s = fmaf(v.y, ToFloat<W>(chunk[(r + 1) * experts + e]), s);
-        s = fmaf(v.z, ToFloat<W>(chunk[(r + 2) * experts + e]), s);
-        s = fmaf(v.w, ToFloat<W>(chunk[(r + 3) * experts + e]), s);
+      for (int i = 0; i < 4; ++i) {
+        float f[V];
+        Unpack<W>(*reinterpret_cast<const uint4*>(chunk + (r + i) * experts + v * V), f);
+#pragma unroll
+        for (int j = 0; j < V; ++j) acc[j] = fmaf(xv[i], f[j], acc[j]);
       }
-      acc[j] = s;
     }
     __syncthreads();
   }
+  if (g < groups) {
 #pragma unroll
-  for (int j = 0; j < kOutputs; ++j) {
-    const int q = tid + j * kRouteThreads;
-    if (q / logits < parts) sums[q] = acc[j];
+    for (int j = 0; j < V; ++j) sums[g * logits + t * experts + v * V + j] = acc[j];
   }
   __syncthreads();
+  __cluster_barrier_wait();  // every block of the cluster has started: rank 0's memory may be written
   float* mine = static_cast<float*>(__cluster_map_shared_rank(partials, 0)) + rank * logits;
   for (int o = tid; o < logits; o += kRouteThreads) {
     float s = sums[o];
-    for (int part = 1; part < parts; ++part) s += sums[part * logits + o];
+    for (int gg = 1; gg < groups; ++gg) s += sums[gg * logits + o];
     mine[o] = s;
   }
   __cluster_barrier_arrive();  // releases the partial logits to rank 0
   __cluster_barrier_wait();
 
-  // 4. Rank 0 routes.
+  // 3. Rank 0 routes.
   if (rank == 0) {
     for (int o = tid; o < logits; o += kRouteThreads) {
       float l = partials[o];
@@ -183,14 +188,17 @@ __global__ void __launch_bounds__(kRouteThreads, 1) RouteRowsKernel(RouteRowsArg
   __cluster_barrier_arrive();  // releases rank 0's routing (global memory) to the cluster
   __cluster_barrier_wait();
 
-  // 5. This block's columns of the rows, gathered from its columns of norm(x).
+  // 4. This block's columns of the rows, gathered from its columns of norm(x).
+  int* token_of_row = reinterpret_cast<int*>(sums);
+  for (int r = tid; r < tokens * top_k; r += kRouteThreads) token_of_row[r] = __ldcg(a.route.choice_of_row + r) / top_k;
+  __syncthreads();
   T* rows = static_cast<T*>(a.rows);
   for (int i = tid; i < tokens * top_k * vecs; i += kRouteThreads) {
-    const int r = i / vecs, c = (i % vecs) * kVec, t = __ldcg(a.route.choice_of_row + r) / top_k;
-    alignas(16) T v[kVec];
+    const int r = i / vecs, c = (i % vecs) * kVec, tr = token_of_row[r];
+    alignas(16) T out[kVec];
 #pragma unroll
-    for (int j = 0; j < kVec; ++j) v[j] = FromFloat<T>(xn[t * per + c + j]);
-    *reinterpret_cast<uint4*>(rows + static_cast<long long>(r) * hidden + c0 + c) = *reinterpret_cast<const uint4*>(v);
+    for (int j = 0; j < kVec; ++j) out[j] = FromFloat<T>(xn[tr * per + c + j]);
+    *reinterpret_cast<uint4*>(rows + static_cast<long long>(r) * hidden + c0 + c) = *reinterpret_cast<const uint4*>(out);
   }
 #endif
 }
@@ -262,8 +270,8 @@ ffi::Error RouteRows(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer scale
                                      : Launch<__half>(a, router_f32, smem, stream);
 }
 
-static_assert(sizeof(float) * (2 * kRouteRowsMaxTokens * kMaxPer + kMaxPer + 2 * kRouteWarps +
-                               kSlices * kRouteRowsMaxLogits + kRouteRowsMaxLogits) + kChunkBytes + 20 * 1024 <=
+static_assert(sizeof(float) * (2 * kRouteRowsMaxTokens * kMaxPer + kMaxPer + kRouteWarps +
+                               kSlices * kRouteRowsMaxLogits + kRouteThreads * kVec) + kChunkBytes + 20 * 1024 <=
                   227 * 1024,
               "shared memory, RouteBlock's static arrays (about 18 KB) included, within an sm_90 block's");
 
