@@ -11,7 +11,7 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from . import decode_moe, route_rows, token_ffn, token_moe
+from . import decode_moe, token_ffn, token_moe
 from .group_sizes import copy_group_sizes
 from .mlp import EPS, grouped_mlp, normalize, resolve_mlp_mode
 from .routing import (Dispatch, Routing, combine, dispatch_rows, plan_dispatch, route, route_reference,  # noqa: F401 (re-exported)
@@ -48,9 +48,7 @@ def moe_block(
     step the whole block runs as te_async.token_moe (the norm, the router, the routing, the experts
     and the residual in one call of three kernels, where it applies: 16-bit, RMSNorm, swiglu), else the
     routed experts in one kernel (te_async.token_ffn), else fused with the permutation
-    (te_async.decode_moe.fuses); at a few tokens the norm, the router, the routing and the row
-    gather run as one kernel (te_async.route_rows) before grouped_mlp; fuse=False keeps the unfused
-    path, for comparison.
+    (te_async.decode_moe.fuses); fuse=False keeps the unfused path, for comparison.
     """
     mode = resolve_mlp_mode(group_sizes_mode, use_async_d2h_group_sizes, None, groups=router.shape[1],
                             rows=x.shape[0] * top_k, w_fc1=w_fc1, w_fc2=w_fc2)
@@ -61,10 +59,6 @@ def moe_block(
         block_router = token_moe.Router(router, top_k, renormalize=True, reads_normed=False)
         if token_moe.applies(x, block_norm, block_router, w_fc1, w_fc2):
             return token_moe.token_moe(x, block_norm, block_router, w_fc1, w_fc2, residual=residual)[0]
-        if x.shape[0] > decode_moe.FUSE_MAX_TOKENS and route_rows.applies(x, block_norm, block_router):
-            rows, routing, dispatch = route_rows.route_rows(x, block_norm, block_router)
-            y = _grouped_experts(x, rows, routing, dispatch, w_fc1, w_fc2, activation, mode, None)
-            return x + y if residual else y
     y = _routed_block(x, router, w_fc1, w_fc2, top_k, norm_scale, norm, activation, mode, early_copy, fused)
     return x + y if residual else y
 
@@ -85,12 +79,15 @@ def _routed_block(x, router, w_fc1, w_fc2, top_k, norm_scale, norm, activation, 
             return token_ffn.token_ffn(xn, routed)
         if decode_moe.fuses(x.shape[0], top_k, w_fc1, w_fc2, mode=mode, activation=activation):
             return decode_moe.fused_experts(xn, routing, dispatch, w_fc1, w_fc2)
-    return _grouped_experts(x, dispatch_rows(xn, dispatch), routing, dispatch, w_fc1, w_fc2, activation, mode, handle)
-
-
-def _grouped_experts(x, rows, routing, dispatch, w_fc1, w_fc2, activation, mode, handle):
-    """The routed experts of the rows in expert order, through grouped_mlp, each token's rows summed."""
-    y_rows = grouped_mlp(rows, dispatch.group_sizes, w_fc1, w_fc2, norm=None, activation=activation,
-                         group_sizes_mode=mode, host_group_sizes=handle,
-                         row_weights=weights_by_row(routing.weights, dispatch))
+    y_rows = grouped_mlp(
+        dispatch_rows(xn, dispatch),
+        dispatch.group_sizes,
+        w_fc1,
+        w_fc2,
+        norm=None,
+        activation=activation,
+        group_sizes_mode=mode,
+        host_group_sizes=handle,
+        row_weights=weights_by_row(routing.weights, dispatch),
+    )
     return sum_rows(y_rows, dispatch, x.shape[0]).astype(x.dtype)

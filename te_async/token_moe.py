@@ -98,19 +98,17 @@ def token_moe(x: jax.Array, norm: Norm, router: Router, w_fc1: jax.Array, w_fc2:
     return y, Routing(weights, experts)
 
 
-def normalized(x, scale, eps: float, round_first: bool):
-    """The RMSNorm of Norm's kernels (here and te_async.route_rows): round_first, transformers'
-    (te_async.models.norm), each rounding held; else te_async.mlp.normalize's."""
-    if round_first:
+def _normalize(x, scale, s: _Static):
+    if s.round_first:  # transformers' RMSNorm (te_async.models.norm), each rounding held
         xf = x.astype(jnp.float32)
-        y = held(xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps), x.dtype)
-        return (held(scale, x.dtype) * y).astype(x.dtype)
-    return normalize(x, scale, None, "rmsnorm", eps)
+        y = _held(xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + s.eps), x.dtype)
+        return (_held(scale, x.dtype) * y).astype(x.dtype)
+    return normalize(x, scale, None, "rmsnorm", s.eps)
 
 
 def _reference(x, scale, router, w_fc1, w_fc2, shared, s: _Static):
-    xn = normalized(x, scale, s.eps, s.round_first)
-    logits = jnp.dot(held(xn if s.reads_normed else x, x.dtype), router.astype(jnp.float32))
+    xn = _normalize(x, scale, s)
+    logits = jnp.dot(_held(xn if s.reads_normed else x, x.dtype), router.astype(jnp.float32))
     routing = route_reference(logits, s.top_k, renormalize=s.renormalize, scaling=s.scaling, n_group=s.n_group,
                               topk_group=s.topk_group)
     y = token_ffn.reference(xn, token_ffn.Routed(routing.experts, routing.weights, w_fc1, w_fc2), shared)
@@ -120,11 +118,11 @@ def _reference(x, scale, router, w_fc1, w_fc2, shared, s: _Static):
 def _finish(x, y, residual: bool):
     """The block's output y rounded to x's dtype, plus x where residual (rounded again, as x + y
     in x's dtype is)."""
-    y = held(y, x.dtype)
+    y = _held(y, x.dtype)
     return (x.astype(jnp.float32) + y if residual else y).astype(x.dtype)
 
 
-def held(a, dtype):
+def _held(a, dtype):
     """a's values as float32, rounded to dtype even where XLA kept a float32 value it computed in
     a dtype value's place (xla_allow_excess_precision, which would drop a rounding between two
     float32 operations): the kernels compute with the rounded values, as the model's arithmetic

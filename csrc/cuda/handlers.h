@@ -13,7 +13,6 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(kGroupedGemmDeviceCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(kDenseGemmCuda);   // dense_gemm.cc
 XLA_FFI_DECLARE_HANDLER_SYMBOL(kExpertGemmCuda);  // expert_gemm.cc
 XLA_FFI_DECLARE_HANDLER_SYMBOL(kRouteCuda);       // moe_routing.cu
-XLA_FFI_DECLARE_HANDLER_SYMBOL(kRouteRowsCuda);   // route_rows.cu
 XLA_FFI_DECLARE_HANDLER_SYMBOL(kDecodeAttentionCuda);  // decode_attention.cu
 XLA_FFI_DECLARE_HANDLER_SYMBOL(kMlaDecodeCuda);        // mla_decode.cu
 XLA_FFI_DECLARE_HANDLER_SYMBOL(kMlaTokenCuda);         // mla_token.cu

@@ -34,7 +34,6 @@ NB_MODULE(_te_async_cuda, m) {
     d["te_async_dense_gemm"] = te_async::EncapsulateFfiHandler(te_async::kDenseGemmCuda);
     d["te_async_expert_gemm"] = te_async::EncapsulateFfiHandler(te_async::kExpertGemmCuda);
     d["te_async_route"] = te_async::EncapsulateFfiHandler(te_async::kRouteCuda);
-    d["te_async_route_rows"] = te_async::EncapsulateFfiHandler(te_async::kRouteRowsCuda);
     d["te_async_decode_attention"] = te_async::EncapsulateFfiHandler(te_async::kDecodeAttentionCuda);
     d["te_async_mla_decode"] = te_async::EncapsulateFfiHandler(te_async::kMlaDecodeCuda);
     d["te_async_mla_token"] = te_async::EncapsulateFfiHandler(te_async::kMlaTokenCuda);
@@ -110,8 +109,6 @@ NB_MODULE(_te_async_cuda, m) {
   m.attr("CUTLASS_BUILT") = te_async::CutlassBuilt();
   m.attr("ROUTE_MAX_EXPERTS") = te_async::kRouteMaxExperts;
   m.attr("ROUTE_MAX_CHOICES") = te_async::kRouteMaxChoices;
-  m.attr("ROUTE_ROWS_MAX_TOKENS") = te_async::kRouteRowsMaxTokens;
-  m.attr("ROUTE_ROWS_MAX_LOGITS") = te_async::kRouteRowsMaxLogits;
   m.attr("DECODE_ATTENTION_MAX_ROWS") = te_async::kDecodeAttentionMaxRows;
   m.attr("DECODE_ATTENTION_MAX_SPLITS") = te_async::kDecodeAttentionMaxSplits;
   nb::list attention_shapes;  // (key dims, rope dims, value dims, values are keys) with a kernel

@@ -7,9 +7,5 @@ namespace te_async {
 
 inline constexpr int kRouteMaxExperts = 256;
 inline constexpr int kRouteMaxChoices = 4096;  // tokens x top_k
-// route_rows.cu: a block's columns of x and norm(x) for every token, and the partial logits of
-// every block of the cluster, in shared memory.
-inline constexpr int kRouteRowsMaxTokens = 16;
-inline constexpr int kRouteRowsMaxLogits = 2048;  // tokens x experts
 
 }  // namespace te_async
