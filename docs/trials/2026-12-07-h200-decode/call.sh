@@ -1,5 +1,5 @@
 #!/bin/bash
-# One call on an H200 (needs_h200; carry .whl, and .gpubuild/prebuilt if it holds a wheel of main), about 9 minutes. $OUT/summary.txt, results.tgz.
+# One call on an H200 (kind nvidia-h200, see README; carry .whl, and .gpubuild/prebuilt if it holds a wheel of main), about 9 minutes. $OUT/summary.txt, results.tgz.
 # 1. stop 60's stripe read probe on the H200 (does it read 256-byte pieces faster than 128 by more
 #    than the H100's 2-3 %?).
 # 2. main built with CUTLASS for sm_90a: bench decode device T = 1 8 64 (the issues' H200 figures,
