@@ -101,7 +101,7 @@ ffi::Error DecodeAttention(cudaStream_t stream, ffi::Buffer<ffi::BF16> q, ffi::B
       [&](auto i) {
         constexpr int I = decltype(i)::value;
         TE_ASYNC_RETURN_IF_ERROR(LaunchSplits<I>(stream, a, splits, false));
-        return LaunchMerge<I>(stream, a, splits);
+        return LaunchMerge<I>(stream, a, splits, false);
       },
       [&] {
         return bad("no kernel for key dims " + std::to_string(dk) + ", rope dims " + std::to_string(dr) +

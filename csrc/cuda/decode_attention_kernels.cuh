@@ -115,6 +115,7 @@ constexpr int kMergeLanes = kThreads / kMergeQuads;
 template <int DV>
 __global__ void __launch_bounds__(kThreads) CombineKernel(Args a, int splits) {
   static_assert(DV % kMergeColumns == 0, "whole merge chunks");
+  WaitForPrevious();  // the splits' outputs (returns at once where the launch has no dependency)
   __shared__ float weight[kDecodeAttentionMaxSplits];
   __shared__ float scratch[kWarps];
   __shared__ float4 lane_sums[kMergeLanes][kMergeQuads];
@@ -186,13 +187,16 @@ ffi::Error LaunchSplits(cudaStream_t stream, const Args& a, int splits, bool aft
                     "launch of the decode attention's split kernel");
 }
 
-// The merge of shape I's splits, behind the split kernel in the stream.
+// The merge of shape I's splits, behind the split kernel in the stream; after_previous: a
+// programmatic dependent of it, launched while the splits run (the split kernel lets dependents start
+// at once), which waits for them before it reads their outputs (gqa_token.cu).
 template <int I>
-ffi::Error LaunchMerge(cudaStream_t stream, const Args& a, int splits) {
+ffi::Error LaunchMerge(cudaStream_t stream, const Args& a, int splits, bool after_previous) {
   constexpr int kValueDims = Shape<I>::s.value_dims;
-  CombineKernel<kValueDims><<<dim3(a.batch * a.kv_heads, kRows, kValueDims / kMergeColumns), kThreads, 0, stream>>>(
-      a, splits);
-  return CudaStatus(cudaGetLastError(), "launch of the decode attention's CombineKernel");
+  const dim3 grid(a.batch * a.kv_heads, kRows, kValueDims / kMergeColumns);
+  return CudaStatus(
+      LaunchDependent(CombineKernel<kValueDims>, grid, dim3(kThreads), 0, stream, after_previous, a, splits),
+      "launch of the decode attention's CombineKernel");
 }
 
 }  // namespace

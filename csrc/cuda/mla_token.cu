@@ -45,6 +45,7 @@
 #include "cuda/handlers.h"
 #include "cuda/mla_decode.h"
 #include "cuda/mla_token.h"
+#include "cuda/norm_rope.cuh"
 #include "cuda/programmatic_launch.cuh"
 #include "cuda/vector_loads.cuh"
 #include "debug_flags.h"
@@ -136,25 +137,13 @@ struct ProductArgs {
 };
 
 // Element i of rope part x (dr values) rotated as te_async.models.rope.apply_rope does, in the half
-// layout: x[i] cos[i] - x[i + dr/2] sin[i] in the first half, x[i] cos[i] + x[i - dr/2] sin[i] in
-// the second.
+// layout (interleaved: DeepSeek's pairs, read as halves).
 __device__ __forceinline__ bf16 Rotated(const bf16* x, int i, const float* cos, const float* sin, bool interleaved) {
   constexpr int kHalf = kRope / 2;
   const auto at = [&](int j) {
     return __bfloat162float(x[interleaved ? (j < kHalf ? 2 * j : 2 * (j - kHalf) + 1) : j]);
   };
-  const float other = i < kHalf ? -at(i + kHalf) : at(i - kHalf);
-  return __float2bfloat16(at(i) * cos[i] + other * sin[i]);
-}
-
-// transformers' RMSNorm (te_async.models.norm): 1 / rms of n values from each thread's sum of
-// their squares, and one value x normalised with it (rounded), times its weight (rounded).
-template <int kBlockWarps>
-__device__ __forceinline__ float InverseRms(float squares, int n, float eps, float* scratch) {
-  return rsqrtf(BlockReduce<kBlockWarps>(squares, scratch, [](float u, float v) { return u + v; }) / n + eps);
-}
-__device__ __forceinline__ float Normalized(float x, float inverse_rms, bf16 weight) {
-  return Rounded<bf16>(__bfloat162float(weight) * Rounded<bf16>(x * inverse_rms));
+  return RotatedHalf(at(i), at(i < kHalf ? i + kHalf : i - kHalf), cos[i], sin[i], i < kHalf);
 }
 
 // The prep's last block of each sequence: kv_a_layernorm of the new latent and the rotated rope key

@@ -37,6 +37,7 @@ NB_MODULE(_te_async_cuda, m) {
     d["te_async_decode_attention"] = te_async::EncapsulateFfiHandler(te_async::kDecodeAttentionCuda);
     d["te_async_mla_decode"] = te_async::EncapsulateFfiHandler(te_async::kMlaDecodeCuda);
     d["te_async_mla_token"] = te_async::EncapsulateFfiHandler(te_async::kMlaTokenCuda);
+    d["te_async_gqa_token"] = te_async::EncapsulateFfiHandler(te_async::kGqaTokenCuda);
     d["te_async_token_ffn"] = te_async::EncapsulateFfiHandler(te_async::kTokenFfnCuda);
     d["te_async_token_moe"] = te_async::EncapsulateFfiHandler(te_async::kTokenMoeCuda);
     return d;

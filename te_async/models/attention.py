@@ -14,7 +14,7 @@ from typing import NamedTuple, Optional, Union
 import jax
 import jax.numpy as jnp
 
-from .. import dense
+from .. import dense, gqa_token
 from ..decode_attention import decode_attention
 from ..sequence_attention import causal_attention
 from .norm import rms_norm
@@ -82,8 +82,13 @@ def restacked(cache_array, stack: jax.Array):
 
 def gqa_attention(p: dict, cfg, x: jax.Array, cos: jax.Array, sin: jax.Array, cache: Optional[dict],
                   position, window: Optional[int]) -> tuple:
-    """(output [B,S,hidden], cache) for x [B,S,hidden]; see the module docstring."""
+    """(output [B,S,hidden], cache) for x [B,S,hidden]; see the module docstring. One new token per
+    sequence goes through te_async.gqa_token's call where it takes the shapes."""
     b, s, _ = x.shape
+    if position is not None and s == 1:
+        fused = _token_attention(p, cfg, x, cos, sin, cache, position, window)
+        if fused is not None:
+            return fused
     proj = project_input(x, p, cfg)
     q = proj["q"].reshape(b, s, cfg.num_attention_heads, cfg.head_dim)
     k = proj["k"].reshape(b, s, cfg.num_key_value_heads, cfg.head_dim)
@@ -101,3 +106,23 @@ def gqa_attention(p: dict, cfg, x: jax.Array, cos: jax.Array, sin: jax.Array, ca
         (keys, layer), (values, _) = stacked(cache["k"]), stacked(cache["v"])
         out = decode_attention(q, keys, values, position, scale=scale, layer=layer, window=window)
     return linear(out.reshape(b, s, -1), p["wo"], p.get("bo")), cache
+
+
+def _token_attention(p: dict, cfg, x: jax.Array, cos: jax.Array, sin: jax.Array, cache: dict, position,
+                     window: Optional[int]) -> Optional[tuple]:
+    """gqa_attention of one new token per sequence through gqa_token_attention (the norms, the rope,
+    the cache write and the attention in one call), or None where gqa_token.takes does not."""
+    (keys, layer), (values, _) = stacked(cache["k"]), stacked(cache["v"])
+    heads = cfg.num_attention_heads
+    norms = (p["q_norm"].astype(x.dtype), p["k_norm"].astype(x.dtype)) if cfg.qk_norm else ()
+    projected = jax.ShapeDtypeStruct((x.shape[0], 1, p["w_in"].shape[1]), x.dtype)
+    if not gqa_token.takes(projected, keys, values, heads, norms):
+        return None
+    bias = jnp.concatenate([p["bq"], p["bk"], p["bv"]]) if cfg.qkv_bias else None
+    projected = _add_bias(dense.linear(x, p["w_in"], preferred_element_type=jnp.float32), bias, x.dtype)
+    q_norm, k_norm = norms if norms else (None, None)
+    out, keys, values = gqa_token.gqa_token_attention(
+        projected, keys, values, cos[0], sin[0], position, layer, heads=heads, scale=cfg.head_dim ** -0.5,
+        q_norm=q_norm, k_norm=k_norm, eps=cfg.rms_norm_eps, window=window)
+    cache = {"k": restacked(cache["k"], keys), "v": restacked(cache["v"], values)}
+    return linear(out.reshape(x.shape[0], 1, -1), p["wo"], p.get("bo")), cache
