@@ -216,11 +216,12 @@ DEEPSEEK_SHAPED = dict(  # DeepSeek-V2-Lite's attention shapes, everything else 
     max_position_embeddings=4096, tie_word_embeddings=False)
 
 
-def deepseek_decode_logits(monkeypatch, batch: int, settings: dict) -> np.ndarray:
-    """Logits [steps, B, 1, V] of a bf16 DeepSeek-shaped model's decode steps (scanned MoE layers,
-    the stacked cache), teacher forced after a 12-token prefill, with the kernel settings
-    `settings` ({module: value} of decode_attention / mla_decode's KERNEL_ENV) in force."""
-    config = models.from_hf_dict(DEEPSEEK_SHAPED)
+def decode_logits(monkeypatch, batch: int, settings: dict, hf: dict = DEEPSEEK_SHAPED) -> np.ndarray:
+    """Logits [steps, B, 1, V] of a bf16 model's decode steps (DeepSeek-shaped unless `hf` says
+    otherwise; scanned layers, the stacked cache), teacher forced after a 12-token prefill, with
+    the kernel settings `settings` ({module: value} of decode_attention / mla_decode's KERNEL_ENV)
+    in force."""
+    config = models.from_hf_dict(hf)
     params = models.init_params(config, jax.random.key(3), jnp.bfloat16)
     tokens = np.random.default_rng(5).integers(0, config.vocab_size, (batch, 20)).astype(np.int32)
 
@@ -251,6 +252,6 @@ def deepseek_decode_logits(monkeypatch, batch: int, settings: dict) -> np.ndarra
 def test_model_decodes_the_same_through_the_kernel(monkeypatch):
     """The DeepSeek-shaped model's decode steps at B=2 with the kernel forced, against the same steps
     through XLA's attention (both through mla_decode's unfused path, which calls decode_attention)."""
-    runs = {kernel: deepseek_decode_logits(monkeypatch, 2, {md: "unfused", da: kernel}) for kernel in ("xla", "te_async")}
+    runs = {kernel: decode_logits(monkeypatch, 2, {md: "unfused", da: kernel}) for kernel in ("xla", "te_async")}
     assert not np.isnan(runs["te_async"]).any()
     assert rel_max(runs["te_async"], runs["xla"]) < 3e-2

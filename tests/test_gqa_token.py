@@ -16,7 +16,7 @@ from te_async import gqa_token
 from te_async.models.attention import LayerOf, write
 from te_async.models.norm import rms_norm
 from te_async.models.rope import apply_rope, cos_sin
-from test_decode_attention import numpy_attention, rel_max
+from test_decode_attention import decode_logits, numpy_attention, rel_max
 
 D = 128  # the kernel's head dims
 EPS = 1e-6
@@ -222,33 +222,15 @@ MIXTRAL_SHAPED = dict(  # Mixtral's attention shapes and a sliding window, every
     rms_norm_eps=1e-5, rope_theta=1e6, max_position_embeddings=4096, sliding_window=9, tie_word_embeddings=False)
 
 
-def decode_logits(hf: dict, batch: int) -> np.ndarray:
-    """Logits [steps, B, 1, V] of a bf16 model's decode steps (scanned layers, the stacked cache),
-    teacher forced after a 12-token prefill."""
-    config = models.from_hf_dict(hf)
-    params = models.init_params(config, jax.random.key(3), jnp.bfloat16)
-    tokens = np.random.default_rng(5).integers(0, config.vocab_size, (batch, 20)).astype(np.int32)
-    cache = models.init_cache(config, batch, 64, jnp.bfloat16)
-    _, cache = models.prefill(params, config, cache, tokens[:, :12], group_sizes_mode="device")
-    steps = []
-    for i in range(12, 20):
-        logits, cache = models.decode_step(params, config, cache, jnp.asarray(tokens[:, i:i + 1]), i,
-                                           group_sizes_mode="device")
-        steps.append(np.asarray(logits, np.float64))
-    return np.stack(steps)
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("hf", [QWEN3_SHAPED, MIXTRAL_SHAPED], ids=["qwen3", "mixtral"])
 @pytest.mark.parametrize("batch", [1, 3])
 def test_model_decodes_the_same_through_the_call(monkeypatch, hf, batch):
     """The models' decode steps through the call against the same steps through the unfused path
     with decode_attention's kernel (TE_ASYNC_DECODE_ATTENTION unset: "auto"; B * Hkv >= 4 pairs)."""
-    jax.clear_caches()
-    through = decode_logits(hf, batch)
+    through = decode_logits(monkeypatch, batch, {da: "auto"}, hf)
     monkeypatch.setattr(gqa_token, "takes", lambda *a, **k: False)
-    jax.clear_caches()
-    unfused_run = decode_logits(hf, batch)
+    unfused_run = decode_logits(monkeypatch, batch, {da: "auto"}, hf)
     assert not np.isnan(through).any()
     assert rel_max(through, unfused_run) < 3e-2
 

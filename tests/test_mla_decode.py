@@ -14,7 +14,7 @@ from helpers import assert_bad_setting_refused
 from te_async import decode_attention as da
 from te_async import mla_decode as md
 from te_async.mla_decode import mla_decode_attention, mla_decode_unfused
-from test_decode_attention import deepseek_decode_logits
+from test_decode_attention import decode_logits
 
 V2 = dict(nope=128, rope=64, latent=512, value=128)  # DeepSeek-V2 / V3
 ODD = dict(nope=12, rope=4, latent=24, value=20)     # the unfused path takes any dims
@@ -187,6 +187,6 @@ def test_kernel_refuses_a_bad_cluster_size_or_split_count(rng):
 def test_model_decodes_the_same_through_the_kernel(monkeypatch):
     """The DeepSeek-shaped model's decode steps at one sequence through the fused kernel against the
     unfused path, both with XLA's attention."""
-    runs = {path: deepseek_decode_logits(monkeypatch, 1, {md: path, da: "xla"}) for path in ("unfused", "te_async")}
+    runs = {path: decode_logits(monkeypatch, 1, {md: path, da: "xla"}) for path in ("unfused", "te_async")}
     assert not np.isnan(runs["te_async"]).any()
     assert rel_max(runs["te_async"], runs["unfused"]) < 3e-2

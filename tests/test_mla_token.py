@@ -19,7 +19,7 @@ from te_async.models.attention import LayerOf, linear, write
 from te_async.models.mla import LATENT_NORM_EPS, _rope
 from te_async.models.norm import rms_norm
 from te_async.models.rope import cos_sin
-from test_decode_attention import DEEPSEEK_SHAPED, deepseek_decode_logits
+from test_decode_attention import DEEPSEEK_SHAPED, decode_logits
 from test_mla_decode import numpy_mla, rel_max
 
 NOPE, ROPE, LATENT, VALUE = 128, 64, 512, 128
@@ -209,7 +209,7 @@ def test_a_bad_position_or_layer_writes_nothing(rng):
 def test_model_decodes_the_same_through_the_call(monkeypatch, batch):
     """The DeepSeek-shaped model's decode steps through the call ("auto") against the unfused path
     with decode_attention's kernel."""
-    runs = {path: deepseek_decode_logits(monkeypatch, batch, {md: path, da: "te_async"})
+    runs = {path: decode_logits(monkeypatch, batch, {md: path, da: "te_async"})
             for path in ("unfused", "auto")}
     assert not np.isnan(runs["auto"]).any()
     assert rel_max(runs["auto"], runs["unfused"]) < 3e-2
