@@ -11,7 +11,7 @@ S=$PWD; R=/tmp/s67a; rm -rf $R; mkdir -p $R; L=$OUT/summary.txt
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee $R/gpu.txt > $L
 python3 -m pip install -q --no-deps --target /tmp/w67 $(ls .gpubuild/90a97c9/te_async-*.whl) > $R/install.log 2>&1
 for d in . bench models; do cp te_async/$d/*.py /tmp/w67/te_async/$d/; done
-export PYTHONPATH=/tmp/w67 TE_ASYNC_COMMIT=90a97c9
+export PYTHONPATH=/tmp/w67 TE_ASYNC_COMMIT=451b767
 echo "installed at $((SECONDS - T0)) s: $(cd / && python3 -P -c 'import jax, te_async; print(jax.__version__, te_async.__file__)')" >> $L
 OLD="import te_async.gqa_token as g; g.takes = lambda *a, **k: False; "
 gen() {  # gen <new|old> <run> <preset> <layers> [extra]
