@@ -13,8 +13,10 @@ unfused path with decode_attention's kernel. For bf16 heads of 128 dims (DECODE_
 the rope over the whole head, at most DECODE_ATTENTION_MAX_ROWS query heads per kv head and one
 new token per sequence, on a GPU of compute capability 9.0 or later.
 
-The models take it (`takes`) wherever decode_attention would run its kernel (TE_ASYNC_DECODE_ATTENTION:
-"auto" from decode_attention.AUTO_MIN_PAIRS (sequence, kv head) pairs, or "te_async"); "xla" never.
+The models take it (`takes`) under TE_ASYNC_DECODE_ATTENTION "te_async" (decode_attention's kernel
+forced) at every batch, under "auto" (the default) up to AUTO_MAX_BATCH sequences where
+decode_attention would run its kernel (from decode_attention.AUTO_MIN_PAIRS (sequence, kv head)
+pairs), under "xla" never.
 """
 
 from typing import Optional, Union
@@ -27,6 +29,12 @@ from . import _ffi, plan
 from .decode_attention import AUTO_MIN_PAIRS, check_window_and_layer, default_kernel, splits_for
 
 GQA_TOKEN = "te_async_gqa_token"
+# The batches "auto" takes the call at: those measured faster. Generate's loop per token, 4096 cached
+# tokens, device mode, one H100, against the unfused path with decode_attention's kernel, alternating
+# twice (docs/benchmarks.md, table GT): Qwen3-30B-A3B (24 of its layers) B=1 2.244 / 2.242 against
+# 2.479 / 2.481 ms (1.105x), B=8 4.118 / 4.158 against 4.044 / 3.991 (0.97x; blocked steps level);
+# Mixtral-8x7B (8 of its layers) B=1 2.565 / 2.567 against 2.571 / 2.560 (level).
+AUTO_MAX_BATCH = 1
 
 
 def applies(projected: jax.Array, k_cache: jax.Array, v_cache: jax.Array, heads: int,
@@ -49,13 +57,13 @@ def applies(projected: jax.Array, k_cache: jax.Array, v_cache: jax.Array, heads:
 
 
 def takes(projected: jax.Array, k_cache: jax.Array, v_cache: jax.Array, heads: int, norms: tuple = ()) -> bool:
-    """Whether te_async.models.attention decodes through gqa_token_attention: where decode_attention
-    would run its kernel (TE_ASYNC_DECODE_ATTENTION "te_async", or "auto" from AUTO_MIN_PAIRS
-    pairs) and the call applies."""
-    kernel = default_kernel()
-    pairs = projected.shape[0] * k_cache.shape[3] if k_cache.ndim == 5 else 0
-    return ((kernel == "te_async" or (kernel == "auto" and pairs >= AUTO_MIN_PAIRS))
-            and applies(projected, k_cache, v_cache, heads, norms))
+    """Whether te_async.models.attention decodes through gqa_token_attention: TE_ASYNC_DECODE_ATTENTION
+    "te_async", or "auto" at most AUTO_MAX_BATCH sequences and AUTO_MIN_PAIRS (sequence, kv head)
+    pairs, where the call applies."""
+    kernel, batch = default_kernel(), projected.shape[0]
+    pairs = batch * k_cache.shape[3] if k_cache.ndim == 5 else 0
+    auto = kernel == "auto" and batch <= AUTO_MAX_BATCH and pairs >= AUTO_MIN_PAIRS
+    return (kernel == "te_async" or auto) and applies(projected, k_cache, v_cache, heads, norms)
 
 
 def gqa_token_attention(projected: jax.Array, k_cache: jax.Array, v_cache: jax.Array, cos: jax.Array,

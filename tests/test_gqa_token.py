@@ -226,32 +226,36 @@ MIXTRAL_SHAPED = dict(  # Mixtral's attention shapes and a sliding window, every
 @pytest.mark.parametrize("hf", [QWEN3_SHAPED, MIXTRAL_SHAPED], ids=["qwen3", "mixtral"])
 @pytest.mark.parametrize("batch", [1, 3])
 def test_model_decodes_the_same_through_the_call(monkeypatch, hf, batch):
-    """The models' decode steps through the call against the same steps through the unfused path
-    with decode_attention's kernel (TE_ASYNC_DECODE_ATTENTION unset: "auto"; B * Hkv >= 4 pairs)."""
-    through = decode_logits(monkeypatch, batch, {da: "auto"}, hf)
+    """The models' decode steps through the call against the same steps through the unfused path,
+    both with decode_attention's kernel (TE_ASYNC_DECODE_ATTENTION=te_async: the call at any batch)."""
+    through = decode_logits(monkeypatch, batch, {da: "te_async"}, hf)
     monkeypatch.setattr(gqa_token, "takes", lambda *a, **k: False)
-    unfused_run = decode_logits(monkeypatch, batch, {da: "auto"}, hf)
+    unfused_run = decode_logits(monkeypatch, batch, {da: "te_async"}, hf)
     assert not np.isnan(through).any()
     assert rel_max(through, unfused_run) < 3e-2
 
 
 @pytest.mark.gpu
 def test_the_models_take_the_call_where_decode_attention_takes_its_kernel(monkeypatch):
-    """The Qwen3-shaped decode step holds the call under "auto" and "te_async", not under "xla"; the
-    prefill never."""
+    """The Qwen3-shaped decode step holds the call under "auto" up to AUTO_MAX_BATCH sequences and
+    under "te_async" at any batch, never under "xla"; the prefill never."""
     config = models.from_hf_dict(QWEN3_SHAPED)
     params = models.init_params(config, jax.random.key(0), jnp.bfloat16)
-    cache = models.init_cache(config, 1, 64, jnp.bfloat16)
-    step = lambda: models.decode_step.lower(params, config, cache, jnp.zeros((1, 1), jnp.int32), 5,
-                                            group_sizes_mode="device").as_text()
+    caches = {b: models.init_cache(config, b, 64, jnp.bfloat16) for b in (1, gqa_token.AUTO_MAX_BATCH + 1)}
+    step = lambda b: models.decode_step.lower(params, config, caches[b], jnp.zeros((b, 1), jnp.int32), 5,
+                                              group_sizes_mode="device").as_text()
+    cases = [("auto", 1, True), ("auto", gqa_token.AUTO_MAX_BATCH + 1, False), ("te_async", 1, True),
+             ("te_async", gqa_token.AUTO_MAX_BATCH + 1, True), ("xla", 1, False)]
     try:
-        for setting, held in (("auto", True), ("te_async", True), ("xla", False)):
+        for setting, batch, held in cases:
             monkeypatch.setenv(da.KERNEL_ENV, setting)
             da.default_kernel.cache_clear()
-            assert (gqa_token.GQA_TOKEN in step()) == held, setting
+            jax.clear_caches()  # decode_step's trace holds the setting it was traced with
+            assert (gqa_token.GQA_TOKEN in step(batch)) == held, (setting, batch)
     finally:
         monkeypatch.delenv(da.KERNEL_ENV)
         da.default_kernel.cache_clear()
+        jax.clear_caches()
     prefill = jax.jit(lambda p, c, t: models.prefill(p, config, c, t, group_sizes_mode="device")).lower(
-        params, cache, jnp.zeros((1, 12), jnp.int32)).as_text()
+        params, caches[1], jnp.zeros((1, 12), jnp.int32)).as_text()
     assert gqa_token.GQA_TOKEN not in prefill
