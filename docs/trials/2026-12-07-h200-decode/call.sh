@@ -45,6 +45,14 @@ for run in 1 2; do
     echo "generate $w $run (at $((SECONDS - T0)) s): $(grep -E '^\| [0-9]' $R/generate_${w}_$run/generate.md)" >> $L
   done
 done
+# gqa_token (stop 67, table GT: Qwen3-30B-A3B B=1 1.105x on an H100 with 24 layers): the whole model here, on and off
+GQA_OFF="import te_async.gqa_token as g; g.takes = lambda *a, **k: False; "
+for w in new old; do
+  pre=""; [ $w = old ] && pre="$GQA_OFF"
+  (cd / && PYTHONPATH=/tmp/w_main XLA_PYTHON_CLIENT_MEM_FRACTION=0.9 timeout 90 python3 -P -c "${pre}import runpy, sys; sys.argv = ['te_async.bench'] + sys.argv[1:]; runpy.run_module('te_async.bench', run_name='__main__')" \
+    generate --preset qwen3-30b-a3b --batches 1 --modes device --steps 60 --no-plots --no-profile --out $R/qwen3_gqa_$w) > $R/qwen3_gqa_$w.log 2>&1
+  echo "qwen3 gqa_token $w (at $((SECONDS - T0)) s): $(grep -E '^\| [0-9]' $R/qwen3_gqa_$w/generate.md)" >> $L
+done
 left=$((570 - (SECONDS - T0))); [ $left -lt 30 ] && left=1  # timeout 0 would mean no limit
 x=; python3 -c "import xdist" 2>/dev/null && x="-n 4"
 (cd / && PYTHONPATH=/tmp/w_main TE_ASYNC_POISON_OUTPUTS=1 XLA_PYTHON_CLIENT_PREALLOCATE=false timeout $left python3 -P -m pytest -q $x \
