@@ -3,7 +3,8 @@ projections' output (the per-head q/k norms, the rope, the cache write, the atte
 call, against the unfused path of te_async.models (rms_norm, apply_rope, the cache write,
 decode_attention's kernel) and a float64 NumPy reference, with Qwen3-30B-A3B's and Mixtral's head
 shapes; the cache rows it writes in place, inside a scan over the stacked cache too; bad positions
-and layers; Qwen3- and Mixtral-shaped models' decode steps through it, and where the models take it."""
+and layers; Qwen3-, Mixtral- and Qwen2-MoE-shaped (q/k/v biases) models' decode steps through it, and
+where the models take it."""
 
 import jax
 import jax.numpy as jnp
@@ -221,9 +222,16 @@ MIXTRAL_SHAPED = dict(  # Mixtral's attention shapes and a sliding window, every
     num_attention_heads=32, num_key_value_heads=8, head_dim=128, num_local_experts=8, num_experts_per_tok=2,
     rms_norm_eps=1e-5, rope_theta=1e6, max_position_embeddings=4096, sliding_window=9, tie_word_embeddings=False)
 
+QWEN2_SHAPED = dict(  # Qwen2-MoE's q/k/v biases and a shared expert, heads of 128 dims, everything else small
+    model_type="qwen2_moe", vocab_size=300, hidden_size=512, intermediate_size=320, moe_intermediate_size=64,
+    shared_expert_intermediate_size=96, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+    num_experts=8, num_experts_per_tok=2, norm_topk_prob=False, decoder_sparse_step=1, mlp_only_layers=[],
+    qkv_bias=True, use_sliding_window=False, sliding_window=None, max_window_layers=3, rms_norm_eps=1e-6,
+    rope_theta=1e6, max_position_embeddings=4096, tie_word_embeddings=False)
+
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("hf", [QWEN3_SHAPED, MIXTRAL_SHAPED], ids=["qwen3", "mixtral"])
+@pytest.mark.parametrize("hf", [QWEN3_SHAPED, MIXTRAL_SHAPED, QWEN2_SHAPED], ids=["qwen3", "mixtral", "qwen2"])
 @pytest.mark.parametrize("batch", [1, 3])
 def test_model_decodes_the_same_through_the_call(monkeypatch, hf, batch):
     """The models' decode steps through the call against the same steps through the unfused path,
