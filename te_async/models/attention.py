@@ -85,10 +85,18 @@ def gqa_attention(p: dict, cfg, x: jax.Array, cos: jax.Array, sin: jax.Array, ca
     """(output [B,S,hidden], cache) for x [B,S,hidden]; see the module docstring. One new token per
     sequence goes through te_async.gqa_token's call where it takes the shapes."""
     b, s, _ = x.shape
+    scale = cfg.head_dim ** -0.5
+    fused = None
     if position is not None and s == 1:
-        fused = _token_attention(p, cfg, x, cos, sin, cache, position, window)
-        if fused is not None:
-            return fused
+        fused = _token_attention(p, cfg, x, cos, sin, cache, position, scale, window)
+    out, cache = fused or _heads_attention(p, cfg, x, cos, sin, cache, position, scale, window)
+    return linear(out.reshape(b, s, -1), p["wo"], p.get("bo")), cache
+
+
+def _heads_attention(p: dict, cfg, x: jax.Array, cos: jax.Array, sin: jax.Array, cache: Optional[dict], position,
+                     scale: float, window: Optional[int]) -> tuple:
+    """(the heads' outputs [B,S,H,d], cache), each step in XLA but decode_attention's."""
+    b, s, _ = x.shape
     proj = project_input(x, p, cfg)
     q = proj["q"].reshape(b, s, cfg.num_attention_heads, cfg.head_dim)
     k = proj["k"].reshape(b, s, cfg.num_key_value_heads, cfg.head_dim)
@@ -96,7 +104,6 @@ def gqa_attention(p: dict, cfg, x: jax.Array, cos: jax.Array, sin: jax.Array, ca
     if cfg.qk_norm:
         q, k = rms_norm(q, p["q_norm"], cfg.rms_norm_eps), rms_norm(k, p["k_norm"], cfg.rms_norm_eps)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-    scale = cfg.head_dim ** -0.5
     if position is None:
         out = causal_attention(q, k, v, scale, window)
         if cache is not None:
@@ -105,13 +112,13 @@ def gqa_attention(p: dict, cfg, x: jax.Array, cos: jax.Array, sin: jax.Array, ca
         cache = {"k": write(cache["k"], k, position), "v": write(cache["v"], v, position)}
         (keys, layer), (values, _) = stacked(cache["k"]), stacked(cache["v"])
         out = decode_attention(q, keys, values, position, scale=scale, layer=layer, window=window)
-    return linear(out.reshape(b, s, -1), p["wo"], p.get("bo")), cache
+    return out, cache
 
 
 def _token_attention(p: dict, cfg, x: jax.Array, cos: jax.Array, sin: jax.Array, cache: dict, position,
-                     window: Optional[int]) -> Optional[tuple]:
-    """gqa_attention of one new token per sequence through gqa_token_attention (the norms, the rope,
-    the cache write and the attention in one call), or None where gqa_token.takes does not."""
+                     scale: float, window: Optional[int]) -> Optional[tuple]:
+    """_heads_attention of one new token per sequence through gqa_token_attention (the norms, the
+    rope, the cache write and the attention in one call), or None where gqa_token.takes does not."""
     (keys, layer), (values, _) = stacked(cache["k"]), stacked(cache["v"])
     heads = cfg.num_attention_heads
     norms = (p["q_norm"].astype(x.dtype), p["k_norm"].astype(x.dtype)) if cfg.qk_norm else ()
@@ -122,7 +129,6 @@ def _token_attention(p: dict, cfg, x: jax.Array, cos: jax.Array, sin: jax.Array,
     projected = _add_bias(dense.linear(x, p["w_in"], preferred_element_type=jnp.float32), bias, x.dtype)
     q_norm, k_norm = norms if norms else (None, None)
     out, keys, values = gqa_token.gqa_token_attention(
-        projected, keys, values, cos[0], sin[0], position, layer, heads=heads, scale=cfg.head_dim ** -0.5,
-        q_norm=q_norm, k_norm=k_norm, eps=cfg.rms_norm_eps, window=window)
-    cache = {"k": restacked(cache["k"], keys), "v": restacked(cache["v"], values)}
-    return linear(out.reshape(x.shape[0], 1, -1), p["wo"], p.get("bo")), cache
+        projected, keys, values, cos[0], sin[0], position, layer, heads=heads, scale=scale, q_norm=q_norm,
+        k_norm=k_norm, eps=cfg.rms_norm_eps, window=window)
+    return out, {"k": restacked(cache["k"], keys), "v": restacked(cache["v"], values)}
