@@ -89,7 +89,8 @@ def numpy_prep(operands, heads, position, norm):
     return rope(q)[:, None], rope(k), v
 
 
-@pytest.mark.parametrize("bad", ["float32", "two tokens", "head dims", "group of 32", "one norm", "width"])
+@pytest.mark.parametrize("bad", ["float32", "two tokens", "head dims", "group of 32", "one norm", "norm width",
+                                 "width"])
 def test_refuses_what_it_cannot_run(rng, bad):
     """What the call does not take (or no GPU): an error naming what it takes, on any machine."""
     projected, q_norm, k_norm, k_cache, v_cache = make(rng, 1, 8, 2, 64)
@@ -103,6 +104,8 @@ def test_refuses_what_it_cannot_run(rng, bad):
     elif bad == "group of 32":
         heads, projected = 32, make(rng, 1, 32, 1, 64)[0]
         k_cache, v_cache = k_cache[:, :, :, :1], v_cache[:, :, :, :1]
+    elif bad == "norm width":
+        q_norm = q_norm[:-8]
     elif bad == "width":
         projected = projected[..., :-8]
     cos, sin = rotation(3)
