@@ -4,7 +4,7 @@
 # gqa_token forced (TE_ASYNC_DECODE_ATTENTION=te_async) and off, on main's wheel.
 set -u
 S=$PWD; R=/tmp/gqaf32; rm -rf $R; mkdir -p $R; L=$OUT/summary.txt
-export TE_ASYNC_COMMIT=4bd8185  # the bench JSONs: main (base); f32 is main with the patch
+export TE_ASYNC_COMMIT=${TE_ASYNC_COMMIT:-5731464}  # the bench JSONs: main (base); f32 is main with the patch
 . tools/device_call.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee $R/gpu.txt > $L
 git apply docs/trials/2026-12-07-gqa-token-f32/prep_reads_f32.patch
