@@ -4,9 +4,9 @@
 // te_async/mla_token.py). At batch 1 XLA ran this part of a layer as about 24 kernels and two
 // copies of the layer's cache slice (docs/design-b1-attention-block.md).
 //
-//   0. ProductKernel with a norm weight, block (32 columns, two sequences): input_layernorm of the
-//      residual stream x and its product with w_in, q_proj's and kv_a_proj_with_mqa's weights side
-//      by side.
+//   0. ProductKernel (token_product.cuh) with a norm weight, block (32 columns, two sequences):
+//      input_layernorm of the residual stream x and its product with w_in, q_proj's and
+//      kv_a_proj_with_mqa's weights side by side.
 //   1. MlaTokenPrepKernel, block (head h x 64 latent columns, sequence b): the absorbed query
 //      q_latent[h, cols] = q_nope[h] . W_uk[h][:, cols] over wkv_b's key half; the first column
 //      block of each head also rotates the head's rope query, and one more block per sequence
@@ -47,6 +47,7 @@
 #include "cuda/mla_token.h"
 #include "cuda/norm_rope.cuh"
 #include "cuda/programmatic_launch.cuh"
+#include "cuda/token_product.cuh"
 #include "cuda/vector_loads.cuh"
 #include "debug_flags.h"
 #include "grouped_gemm_args.h"
@@ -56,6 +57,12 @@ namespace {
 
 namespace ffi = xla::ffi;
 using bf16 = __nv_bfloat16;
+using token_product::ColumnSums;
+using token_product::kProductGroups;
+using token_product::kProductSeqs;
+using token_product::LoadRows;
+using token_product::ProductArgs;
+using token_product::ProductKernel;
 
 constexpr int kNope = kMlaDecodeDims.nope, kRope = kMlaDecodeDims.rope;
 constexpr int kLatent = kMlaDecodeDims.latent, kValue = kMlaDecodeDims.value;
@@ -79,15 +86,12 @@ constexpr int kMergeAhead = 8;                            // of which the first 
 constexpr int kPartVectors = kPartColumns / 8;            // W_uv thread (g, v): 16-byte vector v of the part
 constexpr int kPartRowGroups = kOutThreads / kPartVectors;  // of rows g, g + kPartRowGroups, ...
 constexpr int kPartRows = kValue / kPartRowGroups;
-// ProductKernel<kColumns, kBlockThreads>: thread (g, v) of a block owns 16-byte column vector v and
+// ProductKernel's blocks, kernels 0 and 4: thread (g, v) of a block owns 16-byte column vector v and
 // rows g, g + kProductGroups, ... The input projections take 32 columns in 512 threads, 64 bytes of
 // each weight row (9.0 us for 15 MB at B=1; 16 columns, 32 bytes a row, 9.7); o_proj 16 in 256, so
 // that its blocks fit beside the attention's, during which they load their rows.
-constexpr int kProductGroups = 128;
-constexpr int kProductRows = kMlaTokenMaxHidden / kProductGroups;  // most rows per thread
 constexpr int kInputColumns = 32, kInputThreads = kProductGroups * kInputColumns / 8;
 constexpr int kOutputColumns = 16, kOutputThreads = kProductGroups * kOutputColumns / 8;
-constexpr int kProductSeqs = 2;                                    // sequences per block
 constexpr int kLatentPerThread = kLatent / kThreads;
 // The split kernel's warps: 8 take a 64-key tile, so that at one sequence each of the 64 splits
 // attends one tile (4 warps took two 32-key tiles one after the other, 14.5 us at DeepSeek-V2-Lite's
@@ -123,17 +127,6 @@ struct OutArgs {
   const bf16* w_kv;      // [H, dn + dv, latent]
   float* attention;      // [kParts, B, H * dv]: the heads' outputs as kParts partial sums, o_proj's input
   int heads, splits;
-};
-
-struct ProductArgs {
-  const bf16* in;        // [B, rows]; or null, and
-  const float* parts;    // [kParts, B, rows]: in's values as partial sums, added in order and rounded to bf16
-  const bf16* norm;      // [rows]: RMSNorm's weight, applied to `in` with eps; null: `in` as it is
-  const bf16* w;         // [rows, cols]
-  const bf16* residual;  // [B, cols], added to the rounded product; or null
-  bf16* out;             // [B, cols]
-  int batch, rows, cols;
-  float eps;
 };
 
 // Element i of rope part x (dr values) rotated as te_async.models.rope.apply_rope does, in the half
@@ -175,69 +168,6 @@ __device__ void WriteCacheRow(const PrepArgs& a, int b) {
 #pragma unroll
   for (int j = 0; j < kLatentPerThread; ++j) c[tid + j * kThreads] = __float2bfloat16(Normalized(x[j], r, weight[j]));
   if (tid < kRope) a.kpe[row * kRope + tid] = rope;
-}
-
-// The prep's and ProductKernel's products of vectors with a weight matrix, by blocks of kColumns:
-// thread (g, v) of the block owns 16-byte column vector v and rows g, g + kGroups, ... (at most
-// kMaxRows of them, `rows` in all), which it loads into registers first (LoadRows), so that their
-// latency overlaps whatever the block does before it needs them (ColumnSums).
-template <int kMaxRows>
-__device__ __forceinline__ void LoadRows(uint4 (&wv)[kMaxRows], const bf16* first, size_t row_step, int rows) {
-  const char* p = reinterpret_cast<const char*>(first);  // one pointer stepped by the row stride: a 64-bit
-  const size_t step = row_step * sizeof(bf16);           // product per row was most of the kernels' prologue
-#pragma unroll
-  for (int i = 0; i < kMaxRows; ++i, p += step) {
-    wv[i] = i < rows ? LoadStreamBeforeWait(p) : make_uint4(0u, 0u, 0u, 0u);
-  }
-}
-
-// coef_s . W for the block's kColumns columns and its `seqs` <= kSeqs vectors coef_s (at coef + s
-// coef_stride), from the rows LoadRows loaded into a block of kBlockThreads: each thread sums its
-// rows, the row groups of a warp are added by a butterfly over its lanes, then the warps' sums in
-// warp order (a serial walk over 128 row groups cost o_proj's kernel about 2 us). Thread t < kSeqs
-// kColumns gets vector t / kColumns's column t % kColumns; sums: shared memory of kSeqs
-// kBlockThreads / 32 kColumns floats, free again on return.
-template <int kSeqs, int kColumns, int kBlockThreads, int kMaxRows>
-__device__ __forceinline__ float ColumnSums(const uint4 (&wv)[kMaxRows], int rows, const float* coef, int coef_stride,
-                                            int seqs, float* sums) {
-  constexpr int kVectors = kColumns / 8, kGroups = kBlockThreads / kVectors, kBlockWarps = kBlockThreads / 32;
-  static_assert(32 % kVectors == 0 && kSeqs * kColumns <= kBlockThreads, "whole row groups in a warp");
-  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, v = tid % kVectors, g = tid / kVectors;
-  float acc[kSeqs][8] = {};
-#pragma unroll
-  for (int i = 0; i < kMaxRows; ++i) {
-    if (i < rows) {
-      float f[8];
-      Unpack<bf16>(wv[i], f);
-#pragma unroll
-      for (int s = 0; s < kSeqs; ++s) {
-        if (s < seqs) {
-          const float c = coef[s * coef_stride + g + i * kGroups];
-#pragma unroll
-          for (int j = 0; j < 8; ++j) acc[s][j] = fmaf(c, f[j], acc[s][j]);
-        }
-      }
-    }
-  }
-#pragma unroll
-  for (int s = 0; s < kSeqs; ++s) {
-    if (s < seqs) {
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-#pragma unroll
-        for (int d = kVectors; d < 32; d *= 2) acc[s][j] += __shfl_xor_sync(0xffffffffu, acc[s][j], d);
-        if (lane < kVectors) sums[(s * kBlockWarps + warp) * kColumns + v * 8 + j] = acc[s][j];
-      }
-    }
-  }
-  __syncthreads();
-  float total = 0.f;
-  if (tid < seqs * kColumns) {
-    const int seq = tid / kColumns, column = tid % kColumns;
-    for (int w = 0; w < kBlockWarps; ++w) total += sums[(seq * kBlockWarps + w) * kColumns + column];
-  }
-  __syncthreads();
-  return total;
 }
 
 // Blocks (h x part, b) for the heads' absorbed queries (and, part 0, the rotated rope query): thread
@@ -344,79 +274,6 @@ __global__ void __launch_bounds__(kOutThreads) MlaTokenOutKernel(OutArgs a) {
   }
 }
 
-// Value i of vector b of ProductKernel's input.
-__device__ __forceinline__ float InValue(const ProductArgs& a, int b, int i) {
-  if (a.in != nullptr) return __bfloat162float(a.in[static_cast<size_t>(b) * a.rows + i]);
-  float sum = 0.f;
-#pragma unroll
-  for (int p = 0; p < kParts; ++p) sum += a.parts[(static_cast<size_t>(p) * a.batch + b) * a.rows + i];
-  return Rounded<bf16>(sum);
-}
-
-// Kernels 0 and 4, block (kColumns columns, sequences 2y and 2y + 1 where they exist):
-// out[b, cols] = v_b . w[:, cols] (+ residual[b, cols]), where v_b is in[b], through RMSNorm when a
-// norm weight is given. Thread (g, v) loads its rows of the block's columns (g, g + kProductGroups,
-// ...) into registers before it waits for the previous kernel, and uses them for both sequences:
-// at B=2 a block per sequence read the weights twice and took two waves.
-template <int kColumns, int kBlockThreads>
-__global__ void __launch_bounds__(kBlockThreads) ProductKernel(ProductArgs a) {
-  static_assert(kBlockThreads == kProductGroups * kColumns / 8, "kProductGroups row groups");
-  StartDependents();
-  constexpr int kBlockWarps = kBlockThreads / 32;
-  __shared__ float x[kProductSeqs][kMlaTokenMaxHidden];
-  __shared__ float sums[kProductSeqs * kBlockWarps * kColumns];
-  __shared__ float scratch[kBlockWarps];
-  const int tid = threadIdx.x, v = tid % (kColumns / 8), g = tid / (kColumns / 8);
-  const int b0 = blockIdx.y * kProductSeqs, seqs = min(kProductSeqs, a.batch - b0);
-  const int col = blockIdx.x * kColumns, rows = a.rows / kProductGroups;
-  // Thread t's values t, t + kBlockThreads, ... of each vector in[b] and of the norm's weight.
-  constexpr int kSpread = kMlaTokenMaxHidden / kBlockThreads;
-  float values[kProductSeqs][kSpread];
-  bf16 weight[kSpread];
-  const auto load_in = [&] {
-#pragma unroll
-    for (int s = 0; s < kProductSeqs; ++s) {
-#pragma unroll
-      for (int j = 0; j < kSpread; ++j) {
-        const int i = tid + j * kBlockThreads;
-        values[s][j] = s < seqs && i < a.rows ? InValue(a, b0 + s, i) : 0.f;
-      }
-    }
-  };
-  const bool normed = a.norm != nullptr;  // kernel 0: x and the norm are the call's inputs, read at once,
-  if (normed) {                           // before the weights, so that they arrive first
-    load_in();
-#pragma unroll
-    for (int j = 0; j < kSpread; ++j) {
-      const int i = tid + j * kBlockThreads;
-      weight[j] = i < a.rows ? a.norm[i] : __float2bfloat16(0.f);
-    }
-  }
-  uint4 wv[kProductRows];
-  LoadRows(wv, a.w + static_cast<size_t>(g) * a.cols + col + v * 8, static_cast<size_t>(kProductGroups) * a.cols, rows);
-  WaitForPrevious();  // o_proj: the heads' outputs (returns at once where the launch has no dependency)
-  if (!normed) load_in();
-  for (int s = 0; s < seqs; ++s) {
-    float squares = 0.f;
-#pragma unroll
-    for (int j = 0; j < kSpread; ++j) squares = fmaf(values[s][j], values[s][j], squares);
-    const float r = normed ? InverseRms<kBlockWarps>(squares, a.rows, a.eps, scratch) : 0.f;
-#pragma unroll
-    for (int j = 0; j < kSpread; ++j) {
-      const int i = tid + j * kBlockThreads;
-      if (i < a.rows) x[s][i] = normed ? Normalized(values[s][j], r, weight[j]) : values[s][j];
-    }
-  }
-  __syncthreads();
-  const float sum =
-      ColumnSums<kProductSeqs, kColumns, kBlockThreads>(wv, rows, &x[0][0], kMlaTokenMaxHidden, seqs, sums);
-  if (tid < seqs * kColumns) {
-    const size_t at = static_cast<size_t>(b0 + tid / kColumns) * a.cols + col + tid % kColumns;
-    const float y = Rounded<bf16>(sum);
-    a.out[at] = __float2bfloat16(a.residual == nullptr ? y : __bfloat162float(a.residual[at]) + y);
-  }
-}
-
 // kernel<<<grid, threads>>>(args) as a programmatic dependent of the stream's previous kernel.
 template <typename Args>
 ffi::Error LaunchAfterPrevious(void (*kernel)(Args), dim3 grid, int threads, const Args& args, cudaStream_t stream,
@@ -483,7 +340,8 @@ ffi::Error MlaToken(cudaStream_t stream, ffi::Buffer<ffi::BF16> x, ffi::Buffer<f
   const ProductArgs input{in(x), nullptr, in(norm), in(w_in), nullptr, res(projected), static_cast<int>(batch),
                           static_cast<int>(hidden), static_cast<int>(width), eps};
   const int pairs = static_cast<int>((batch + kProductSeqs - 1) / kProductSeqs);
-  ProductKernel<kInputColumns, kInputThreads><<<dim3(width / kInputColumns, pairs), kInputThreads, 0, stream>>>(input);
+  ProductKernel<kInputColumns, kInputThreads, kMlaTokenMaxHidden, kParts>
+      <<<dim3(width / kInputColumns, pairs), kInputThreads, 0, stream>>>(input);
   TE_ASYNC_RETURN_IF_ERROR(CudaStatus(cudaGetLastError(), "launch of the input projections' ProductKernel"));
 
   const PrepArgs prep{res(projected), in(kv_norm), in(w_kv), cos.typed_data(), sin.typed_data(),
@@ -508,8 +366,9 @@ ffi::Error MlaToken(cudaStream_t stream, ffi::Buffer<ffi::BF16> x, ffi::Buffer<f
                                                stream, "launch of MlaTokenOutKernel"));
   const ProductArgs output{nullptr, attention->typed_data(), nullptr, in(wo), in(x), res(out), static_cast<int>(batch),
                            static_cast<int>(heads * kValue), static_cast<int>(hidden), 0.f};
-  return LaunchAfterPrevious(ProductKernel<kOutputColumns, kOutputThreads>, dim3(hidden / kOutputColumns, pairs),
-                             kOutputThreads, output, stream, "launch of o_proj's ProductKernel");
+  return LaunchAfterPrevious(ProductKernel<kOutputColumns, kOutputThreads, kMlaTokenMaxHidden, kParts>,
+                             dim3(hidden / kOutputColumns, pairs), kOutputThreads, output, stream,
+                             "launch of o_proj's ProductKernel");
 }
 
 }  // namespace

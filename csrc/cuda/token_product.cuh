@@ -1,0 +1,179 @@
+// Products of a few token vectors with a bf16 weight matrix whose rows each block holds in
+// registers: ProductKernel (mla_token.cu's input projections and o_proj) and its parts LoadRows and
+// ColumnSums, which mla_token.cu's prep and merge kernels use too. A header of its own so that other
+// one-token calls can chain the same kernel behind their own kernels.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+#include "cuda/float_convert.cuh"
+#include "cuda/norm_rope.cuh"
+#include "cuda/programmatic_launch.cuh"
+#include "cuda/vector_loads.cuh"
+
+namespace te_async {
+namespace token_product {
+
+using bf16 = __nv_bfloat16;
+
+// ProductKernel's block: thread (g, v) owns 16-byte column vector v and rows g, g + kProductGroups,
+// ..., for kProductSeqs sequences at once.
+constexpr int kProductGroups = 128;
+constexpr int kProductSeqs = 2;
+
+struct ProductArgs {
+  const bf16* in;        // [B, rows]; or null, and
+  const float* parts;    // [kParts, B, rows]: in's values as partial sums, added in order and rounded to bf16
+  const bf16* norm;      // [rows]: RMSNorm's weight, applied to `in` with eps; null: `in` as it is
+  const bf16* w;         // [rows, cols]; rows a multiple of kProductGroups, at most kMaxHidden
+  const bf16* residual;  // [B, cols], added to the rounded product; or null
+  bf16* out;             // [B, cols]
+  int batch, rows, cols;
+  float eps;
+};
+
+// Products of vectors with a weight matrix, by blocks of kColumns: thread (g, v) of the block owns
+// 16-byte column vector v and rows g, g + kGroups, ... (at most kMaxRows of them, `rows` in all),
+// which it loads into registers first (LoadRows), so that their latency overlaps whatever the block
+// does before it needs them (ColumnSums).
+template <int kMaxRows>
+__device__ __forceinline__ void LoadRows(uint4 (&wv)[kMaxRows], const bf16* first, size_t row_step, int rows) {
+  const char* p = reinterpret_cast<const char*>(first);  // one pointer stepped by the row stride: a 64-bit
+  const size_t step = row_step * sizeof(bf16);  // product per row was most of the kernels' prologue
+#pragma unroll
+  for (int i = 0; i < kMaxRows; ++i, p += step) {
+    wv[i] = i < rows ? LoadStreamBeforeWait(p) : make_uint4(0u, 0u, 0u, 0u);
+  }
+}
+
+// coef_s . W for the block's kColumns columns and its `seqs` <= kSeqs vectors coef_s (at coef + s
+// coef_stride), from the rows LoadRows loaded into a block of kBlockThreads: each thread sums its
+// rows, the row groups of a warp are added by a butterfly over its lanes, then the warps' sums in
+// warp order (a serial walk over 128 row groups cost o_proj's kernel about 2 us). Thread t < kSeqs
+// kColumns gets vector t / kColumns's column t % kColumns; sums: shared memory of kSeqs
+// kBlockThreads / 32 kColumns floats, free again on return.
+template <int kSeqs, int kColumns, int kBlockThreads, int kMaxRows>
+__device__ __forceinline__ float ColumnSums(const uint4 (&wv)[kMaxRows], int rows, const float* coef, int coef_stride,
+                                            int seqs, float* sums) {
+  constexpr int kVectors = kColumns / 8, kGroups = kBlockThreads / kVectors, kBlockWarps = kBlockThreads / 32;
+  static_assert(32 % kVectors == 0 && kSeqs * kColumns <= kBlockThreads, "whole row groups in a warp");
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, v = tid % kVectors, g = tid / kVectors;
+  float acc[kSeqs][8] = {};
+#pragma unroll
+  for (int i = 0; i < kMaxRows; ++i) {
+    if (i < rows) {
+      float f[8];
+      Unpack<bf16>(wv[i], f);
+#pragma unroll
+      for (int s = 0; s < kSeqs; ++s) {
+        if (s < seqs) {
+          const float c = coef[s * coef_stride + g + i * kGroups];
+#pragma unroll
+          for (int j = 0; j < 8; ++j) acc[s][j] = fmaf(c, f[j], acc[s][j]);
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int s = 0; s < kSeqs; ++s) {
+    if (s < seqs) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+#pragma unroll
+        for (int d = kVectors; d < 32; d *= 2) acc[s][j] += __shfl_xor_sync(0xffffffffu, acc[s][j], d);
+        if (lane < kVectors) sums[(s * kBlockWarps + warp) * kColumns + v * 8 + j] = acc[s][j];
+      }
+    }
+  }
+  __syncthreads();
+  float total = 0.f;
+  if (tid < seqs * kColumns) {
+    const int seq = tid / kColumns, column = tid % kColumns;
+    for (int w = 0; w < kBlockWarps; ++w) total += sums[(seq * kBlockWarps + w) * kColumns + column];
+  }
+  __syncthreads();
+  return total;
+}
+
+// Value i of vector b of ProductKernel's input.
+template <int kParts>
+__device__ __forceinline__ float InValue(const ProductArgs& a, int b, int i) {
+  if (a.in != nullptr) return __bfloat162float(a.in[static_cast<size_t>(b) * a.rows + i]);
+  float sum = 0.f;
+#pragma unroll
+  for (int p = 0; p < kParts; ++p) sum += a.parts[(static_cast<size_t>(p) * a.batch + b) * a.rows + i];
+  return Rounded<bf16>(sum);
+}
+
+// Block (kColumns columns, sequences 2y and 2y + 1 where they exist), for inputs of at most
+// kMaxHidden rows (kParts partial sums where `in` is null): out[b, cols] = v_b . w[:, cols]
+// (+ residual[b, cols]), where v_b is in[b], through RMSNorm when a norm weight is given. Thread
+// (g, v) loads its rows of the block's columns (g, g + kProductGroups, ...) into registers before it
+// waits for the previous kernel, and uses them for both sequences: at B=2 a block per sequence read
+// the weights twice and took two waves. With a norm weight, `in` and the norm are read before that
+// wait too, so they must not come from the previous kernel.
+template <int kColumns, int kBlockThreads, int kMaxHidden, int kParts>
+__global__ void __launch_bounds__(kBlockThreads) ProductKernel(ProductArgs a) {
+  static_assert(kBlockThreads == kProductGroups * kColumns / 8, "kProductGroups row groups");
+  static_assert(kMaxHidden % kBlockThreads == 0, "whole rows per thread");
+  StartDependents();
+  constexpr int kBlockWarps = kBlockThreads / 32;
+  constexpr int kProductRows = kMaxHidden / kProductGroups;  // most rows per thread
+  __shared__ float x[kProductSeqs][kMaxHidden];
+  __shared__ float sums[kProductSeqs * kBlockWarps * kColumns];
+  __shared__ float scratch[kBlockWarps];
+  const int tid = threadIdx.x, v = tid % (kColumns / 8), g = tid / (kColumns / 8);
+  const int b0 = blockIdx.y * kProductSeqs, seqs = min(kProductSeqs, a.batch - b0);
+  const int col = blockIdx.x * kColumns, rows = a.rows / kProductGroups;
+  // Thread t's values t, t + kBlockThreads, ... of each vector in[b] and of the norm's weight.
+  constexpr int kSpread = kMaxHidden / kBlockThreads;
+  float values[kProductSeqs][kSpread];
+  bf16 weight[kSpread];
+  const auto load_in = [&] {
+#pragma unroll
+    for (int s = 0; s < kProductSeqs; ++s) {
+#pragma unroll
+      for (int j = 0; j < kSpread; ++j) {
+        const int i = tid + j * kBlockThreads;
+        values[s][j] = s < seqs && i < a.rows ? InValue<kParts>(a, b0 + s, i) : 0.f;
+      }
+    }
+  };
+  const bool normed = a.norm != nullptr;  // `in` and the norm are then the call's inputs, read at once,
+  if (normed) {                           // before the weights, so that they arrive first
+    load_in();
+#pragma unroll
+    for (int j = 0; j < kSpread; ++j) {
+      const int i = tid + j * kBlockThreads;
+      weight[j] = i < a.rows ? a.norm[i] : __float2bfloat16(0.f);
+    }
+  }
+  uint4 wv[kProductRows];
+  LoadRows(wv, a.w + static_cast<size_t>(g) * a.cols + col + v * 8, static_cast<size_t>(kProductGroups) * a.cols, rows);
+  WaitForPrevious();  // `in` or `parts` without a norm (returns at once where the launch has no dependency)
+  if (!normed) load_in();
+  for (int s = 0; s < seqs; ++s) {
+    float squares = 0.f;
+#pragma unroll
+    for (int j = 0; j < kSpread; ++j) squares = fmaf(values[s][j], values[s][j], squares);
+    const float r = normed ? InverseRms<kBlockWarps>(squares, a.rows, a.eps, scratch) : 0.f;
+#pragma unroll
+    for (int j = 0; j < kSpread; ++j) {
+      const int i = tid + j * kBlockThreads;
+      if (i < a.rows) x[s][i] = normed ? Normalized(values[s][j], r, weight[j]) : values[s][j];
+    }
+  }
+  __syncthreads();
+  const float sum = ColumnSums<kProductSeqs, kColumns, kBlockThreads>(wv, rows, &x[0][0], kMaxHidden, seqs, sums);
+  if (tid < seqs * kColumns) {
+    const size_t at = static_cast<size_t>(b0 + tid / kColumns) * a.cols + col + tid % kColumns;
+    const float y = Rounded<bf16>(sum);
+    a.out[at] = __float2bfloat16(a.residual == nullptr ? y : __bfloat162float(a.residual[at]) + y);
+  }
+}
+
+}  // namespace token_product
+}  // namespace te_async
