@@ -44,6 +44,12 @@ def default_kernel() -> str:
     return plan.kernel_setting(KERNEL_ENV, KERNELS)
 
 
+def wants_kernel(kernel: str, pairs: int) -> bool:
+    """Whether setting `kernel` asks for the kernel at `pairs` (sequence, kv head) pairs: "te_async"
+    always, "auto" from AUTO_MIN_PAIRS, "xla" never (the calls that chain it, gqa_token, ask too)."""
+    return kernel == "te_async" or (kernel == "auto" and pairs >= AUTO_MIN_PAIRS)
+
+
 def causal_mask(q_pos: jax.Array, k_pos: jax.Array, window: Optional[int]) -> jax.Array:
     """bool [S, L]: key j is visible to query i (transformers' sliding window: q - k < window)."""
     mask = k_pos[None, :] <= q_pos[:, None]
@@ -72,7 +78,7 @@ def decode_attention(q: jax.Array, keys: jax.Array, values: Optional[jax.Array],
     args = (q, keys, values, jnp.asarray(position, jnp.int32), jnp.asarray(layer, jnp.int32), q_rope, key_rope)
     opts = dict(scale=float(scale), window=window)
     applies = kernel_applies(q, keys, values, q_rope)
-    if kernel == "xla" or (kernel == "auto" and not (applies and q.shape[0] * keys.shape[3] >= AUTO_MIN_PAIRS)):
+    if not wants_kernel(kernel, q.shape[0] * keys.shape[3]) or (kernel == "auto" and not applies):
         return decode_attention_reference(*args, **opts)
     if kernel == "te_async":
         if not (applies and plan.on_gpu()):

@@ -3,8 +3,11 @@ projections' output (the per-head q/k norms, the rope, the cache write, the atte
 call, against the unfused path of te_async.models (rms_norm, apply_rope, the cache write,
 decode_attention's kernel) and a float64 NumPy reference, with Qwen3-30B-A3B's and Mixtral's head
 shapes; the cache rows it writes in place, inside a scan over the stacked cache too; bad positions
-and layers; Qwen3-, Mixtral- and Qwen2-MoE-shaped (q/k/v biases) models' decode steps through it, and
-where the models take it."""
+and layers; the whole attention half (gqa_token_block: input_layernorm, the projections, o_proj and the
+residual in the same call) against the unfused path and float64; Qwen3-, Mixtral- and Qwen2-MoE-shaped
+(q/k/v biases) models' decode steps through them, and where the models take them."""
+
+import re
 
 import jax
 import jax.numpy as jnp
@@ -14,7 +17,7 @@ import pytest
 import te_async.models as models
 from te_async import decode_attention as da
 from te_async import gqa_token
-from te_async.models.attention import LayerOf, write
+from te_async.models.attention import LayerOf, linear, write
 from te_async.models.norm import rms_norm
 from te_async.models.rope import apply_rope, cos_sin
 from test_decode_attention import decode_logits, numpy_attention, rel_max
@@ -202,17 +205,110 @@ def test_writes_the_stacked_cache_in_a_scan(rng):
 
 
 @pytest.mark.gpu
-def test_a_bad_position_or_layer_writes_nothing(rng):
-    operands = make(rng, 1, 32, 4, 128)
-    k_cache, v_cache = np.asarray(operands[3]), np.asarray(operands[4])
+@pytest.mark.parametrize("call", ["attention", "block"])
+def test_a_bad_position_or_layer_writes_nothing(rng, call):
+    if call == "attention":
+        operands, run = make(rng, 1, 32, 4, 128), kernel
+    else:
+        operands, run = make_block(rng, 1, 32, 4, 128, 256), block_kernel
+    k_cache, v_cache = np.asarray(operands[-2]), np.asarray(operands[-1])
     # a negative position, a layer past the stack, a position past the cache
     for position, layer, nan in ((-3, 0, True), (5, 7, True), (128, 1, False)):
-        out, k, v = kernel(operands, 32, position, layer, 0.09)
+        out, k, v = run(operands, 32, position, layer, 0.09)
         np.testing.assert_array_equal(np.asarray(k), k_cache)
         np.testing.assert_array_equal(np.asarray(v), v_cache)
         assert np.isnan(np.asarray(out, np.float64)).all() == nan, (position, layer)
         if not nan:
             assert not np.isnan(np.asarray(out, np.float64)).any()
+
+
+def make_block(rng, batch, heads, kv_heads, max_len, hidden, norm=True, layers=3):
+    """Random bf16 (x, norm, w_in, wo, q_norm, k_norm, k_cache, v_cache) at a layer's scales."""
+    x = lambda scale, *shape: jnp.asarray(scale * rng.standard_normal(shape), jnp.bfloat16)
+    width = (heads + 2 * kv_heads) * D
+    _, q_norm, k_norm, k_cache, v_cache = make(rng, batch, heads, kv_heads, max_len, layers, norm)
+    return (x(1.0, batch, 1, hidden), x(0.2, hidden) + 1, x(3 * hidden ** -0.5, hidden, width),
+            x((heads * D) ** -0.5, heads * D, hidden), q_norm, k_norm, k_cache, v_cache)
+
+
+def block_kernel(operands, heads, position, layer, scale, window=None):
+    x, norm, w_in, wo, q_norm, k_norm, k_cache, v_cache = operands
+    cos, sin = rotation(max(position, 0))
+    f = jax.jit(lambda *a: gqa_token.gqa_token_block(*a[:10], heads=heads, scale=scale, eps=EPS, q_norm=a[10],
+                                                     k_norm=a[11], window=window))
+    return f(x, norm, w_in, wo, k_cache, v_cache, cos, sin, jnp.int32(position), jnp.int32(layer), q_norm, k_norm)
+
+
+def block_unfused(operands, heads, position, layer, scale, window=None):
+    """te_async.models' attention half without either call: (out, k_cache, v_cache, the rotated query)."""
+    x, norm, w_in, wo, q_norm, k_norm, k_cache, v_cache = operands
+    projected = linear(rms_norm(x, norm, EPS), w_in)
+    out, k_cache, v_cache, q = unfused((projected, q_norm, k_norm, k_cache, v_cache), heads, position, layer, scale,
+                                       window)
+    return x + linear(out.reshape(x.shape[0], 1, -1), wo), k_cache, v_cache, q
+
+
+def numpy_block(operands, heads, position, layer, scale, window, k_cache, v_cache):
+    """float64 from x, over the cache as the call wrote it."""
+    x, norm, w_in, wo = (np.asarray(a, np.float64) for a in operands[:4])
+    h = x / np.sqrt(np.mean(x ** 2, axis=-1, keepdims=True) + EPS) * norm
+    q, _, _ = numpy_prep((h @ w_in, *operands[4:]), heads, position, operands[4] is not None)
+    out = numpy_attention(q, k_cache, v_cache, position, layer, None, None, scale, window)
+    return x + out.reshape(x.shape[0], 1, -1) @ wo
+
+
+@pytest.mark.parametrize("bad", ["hidden 4096", "hidden 200", "wo rows", "float32 x", "o_proj rows 8192"])
+def test_the_block_refuses_what_it_cannot_run(rng, bad):
+    """What gqa_token_block does not take (or no GPU): an error naming what it takes, on any machine."""
+    heads, hidden = 32, 2048
+    if bad == "o_proj rows 8192":
+        heads = 64
+    if bad in ("hidden 4096", "hidden 200"):
+        hidden = int(bad.split()[1])
+    operands = list(make_block(rng, 1, heads, heads // 8, 64, hidden))
+    if bad == "wo rows":
+        operands[3] = operands[3][:-128]
+    elif bad == "float32 x":
+        operands[0] = operands[0].astype(jnp.float32)
+    x, norm, w_in, wo, q_norm, k_norm, k_cache, v_cache = operands
+    assert not gqa_token.block_applies(x, w_in, wo, k_cache, v_cache, heads, (q_norm, k_norm))
+    cos, sin = rotation(3)
+    with pytest.raises(ValueError, match="gqa_token_block needs"):
+        gqa_token.gqa_token_block(x, norm, w_in, wo, k_cache, v_cache, cos, sin, 3, heads=heads, scale=0.1, eps=EPS,
+                                  q_norm=q_norm, k_norm=k_norm)
+
+
+BLOCK_CASES = [  # (batch, heads, kv_heads, max_len, position, window, norm, hidden)
+    (1, 32, 4, 4096, 4095, None, True, 2048),   # Qwen3-30B-A3B at batch 1, the cache full
+    (3, 32, 8, 300, 150, 33, False, 384),       # Mixtral's heads, a window, an odd batch (a block's second sequence)
+    (2, 16, 16, 257, 0, None, True, 128),       # a kv head per query head, position 0, the smallest hidden size
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", BLOCK_CASES, ids=lambda c: "B{}-H{}-Hkv{}-N{}-p{}-w{}-n{:d}-h{}".format(*c))
+def test_the_block_matches_the_unfused_path_and_numpy(rng, case):
+    batch, heads, kv_heads, max_len, position, window, norm, hidden = case
+    operands = make_block(rng, batch, heads, kv_heads, max_len, hidden, norm)
+    layer, scale = int(rng.integers(3)), D ** -0.5
+    out, k_cache, v_cache = (np.asarray(a, np.float64) for a in block_kernel(operands, heads, position, layer, scale,
+                                                                             window))
+    ref_out, ref_k, ref_v, _ = (np.asarray(a, np.float64) for a in block_unfused(operands, heads, position, layer,
+                                                                                  scale, window))
+    others = np.ones(k_cache.shape[:3], bool)
+    others[layer, :, position] = False
+    for got, given, ref in ((k_cache, operands[6], ref_k), (v_cache, operands[7], ref_v)):
+        np.testing.assert_array_equal(got[others], np.asarray(given, np.float64)[others])
+        # the projections' sums run in another order than the unfused path's: a few values round the other way
+        new, ref_new = got[layer, :, position], ref[layer, :, position]
+        assert np.mean(new == ref_new) > 0.9
+        np.testing.assert_allclose(new, ref_new, rtol=2e-2, atol=1e-2 * np.abs(ref_new).max())
+    ref64 = numpy_block(operands, heads, position, layer, scale, window, k_cache, v_cache)
+    assert not np.isnan(out).any()
+    assert rel_max(out, ref64) < max(2 * rel_max(ref_out, ref64), 8e-3), (rel_max(out, ref64), rel_max(ref_out, ref64))
+    assert rel_max(out, ref_out) < 2e-2
+    again = block_kernel(operands, heads, position, layer, scale, window)
+    np.testing.assert_array_equal(out, np.asarray(again[0], np.float64))  # deterministic
 
 
 QWEN3_SHAPED = dict(  # Qwen3-30B-A3B's attention shapes (q/k norms), everything else small
@@ -239,30 +335,36 @@ QWEN2_SHAPED = dict(  # Qwen2-MoE's q/k/v biases and a shared expert, heads of 1
 def test_model_decodes_the_same_through_the_call(monkeypatch, hf, batch):
     """The models' decode steps through the call against the same steps through the unfused path,
     both with decode_attention's kernel (TE_ASYNC_DECODE_ATTENTION=te_async: the call at any batch)."""
-    through = decode_logits(monkeypatch, batch, {da: "te_async"}, hf)
+    through = decode_logits(monkeypatch, batch, {da: "te_async"}, hf)  # the block (Qwen3, Mixtral) or the call
+    monkeypatch.setattr(gqa_token, "block_takes", lambda *a, **k: False)
+    through_call = decode_logits(monkeypatch, batch, {da: "te_async"}, hf)
     monkeypatch.setattr(gqa_token, "takes", lambda *a, **k: False)
     unfused_run = decode_logits(monkeypatch, batch, {da: "te_async"}, hf)
-    assert not np.isnan(through).any()
-    assert rel_max(through, unfused_run) < 3e-2
+    for run in (through, through_call):
+        assert not np.isnan(run).any()
+        assert rel_max(run, unfused_run) < 3e-2
 
 
 @pytest.mark.gpu
 def test_the_models_take_the_call_where_decode_attention_takes_its_kernel(monkeypatch):
-    """The Qwen3-shaped decode step holds the call under "auto" up to AUTO_MAX_BATCH sequences and
-    under "te_async" at any batch, never under "xla"; the prefill never."""
+    """The Qwen3-shaped decode step holds the block call under "auto" up to AUTO_MAX_BATCH sequences
+    and under "te_async" up to BLOCK_MAX_BATCH, then gqa_token_attention's call; never under "xla";
+    the prefill never. With q/k/v biases (Qwen2-MoE) the decode step holds gqa_token_attention's call."""
     config = models.from_hf_dict(QWEN3_SHAPED)
     params = models.init_params(config, jax.random.key(0), jnp.bfloat16)
-    caches = {b: models.init_cache(config, b, 64, jnp.bfloat16) for b in (1, gqa_token.AUTO_MAX_BATCH + 1)}
+    batches = (1, gqa_token.AUTO_MAX_BATCH + 1, gqa_token.BLOCK_MAX_BATCH, gqa_token.BLOCK_MAX_BATCH + 1)
+    caches = {b: models.init_cache(config, b, 64, jnp.bfloat16) for b in batches}
     step = lambda b: models.decode_step.lower(params, config, caches[b], jnp.zeros((b, 1), jnp.int32), 5,
                                               group_sizes_mode="device").as_text()
-    cases = [("auto", 1, True), ("auto", gqa_token.AUTO_MAX_BATCH + 1, False), ("te_async", 1, True),
-             ("te_async", gqa_token.AUTO_MAX_BATCH + 1, True), ("xla", 1, False)]
+    cases = [("auto", 1, "block"), ("auto", gqa_token.AUTO_MAX_BATCH + 1, None), ("te_async", 1, "block"),
+             ("te_async", gqa_token.BLOCK_MAX_BATCH, "block"), ("te_async", gqa_token.BLOCK_MAX_BATCH + 1, "call"),
+             ("xla", 1, None)]
     try:
         for setting, batch, held in cases:
             monkeypatch.setenv(da.KERNEL_ENV, setting)
             da.default_kernel.cache_clear()
             jax.clear_caches()  # decode_step's trace holds the setting it was traced with
-            assert (gqa_token.GQA_TOKEN in step(batch)) == held, (setting, batch)
+            assert held_call(step(batch)) == held, (setting, batch)
     finally:
         monkeypatch.delenv(da.KERNEL_ENV)
         da.default_kernel.cache_clear()
@@ -270,3 +372,15 @@ def test_the_models_take_the_call_where_decode_attention_takes_its_kernel(monkey
     prefill = jax.jit(lambda p, c, t: models.prefill(p, config, c, t, group_sizes_mode="device")).lower(
         params, caches[1], jnp.zeros((1, 12), jnp.int32)).as_text()
     assert gqa_token.GQA_TOKEN not in prefill
+    config = models.from_hf_dict(QWEN2_SHAPED)
+    params = models.init_params(config, jax.random.key(0), jnp.bfloat16)
+    text = models.decode_step.lower(params, config, models.init_cache(config, 1, 64, jnp.bfloat16),
+                                    jnp.zeros((1, 1), jnp.int32), 5, group_sizes_mode="device").as_text()
+    assert held_call(text) == "call"
+
+
+def held_call(text: str):
+    """Which of gqa_token's calls a lowered step holds: "block", "call" or None."""
+    if gqa_token.GQA_TOKEN_BLOCK in text:
+        return "block"
+    return "call" if re.search(gqa_token.GQA_TOKEN + "(?!_block)", text) else None

@@ -1,21 +1,28 @@
-// Grouped-query attention (Mixtral, Qwen2-MoE, Qwen3-MoE) for one new token per sequence, from the
-// input projections' output to the heads' outputs, in one FFI call of three kernels, each after the
-// first a programmatic dependent of the one before (programmatic_launch.cuh; te_async/gqa_token.py):
+// Grouped-query attention (Mixtral, Qwen2-MoE, Qwen3-MoE) for one new token per sequence in one FFI
+// call (te_async/gqa_token.py), each kernel after the first a programmatic dependent of the one before
+// (programmatic_launch.cuh). GqaToken runs kernels 1-3, from the input projections' output to the
+// heads' outputs; GqaTokenBlock the whole attention half of a decoder layer, 0-4:
 //
-//   0. GqaTokenPrepKernel, block (head, sequence) of one thread a dim: a query head gets its per-head
+//   0. ProductKernel with a norm weight (token_product.cuh), block (32 columns, two sequences):
+//      input_layernorm of the residual stream x and its product with w_in (q, k and v side by side).
+//   1. GqaTokenPrepKernel, block (head, sequence) of one thread a dim: a query head gets its per-head
 //      RMSNorm (Qwen3's q_norm, where given) and the rope and becomes the split kernel's query; a kv
 //      head gets k_norm and the rope, and goes with its value into the stacked cache at (layer, b,
 //      position), in place (the call's cache outputs alias its inputs).
-//   1. DecodeAttentionKernel (decode_attention_kernels.cuh) over the cache: its first tile, keys
+//   2. DecodeAttentionKernel (decode_attention_kernels.cuh) over the cache: its first tile, keys
 //      before the new token's, loads while the prep runs.
-//   2. CombineKernel, the merge of the key splits, launched while the splits run.
+//   3. CombineKernel, the merge of the key splits, launched while the splits run.
+//   4. ProductKernel with a residual, block (16 columns, two sequences): x + o_proj over the heads'
+//      outputs; its blocks load o_proj's rows into registers while the attention runs.
 //
-// At batch 1 XLA ran step 0 as about five kernels (the norms, the rope, two cache updates) between
-// the input projections and decode_attention's call, each launched after the one before had ended.
-// Values are rounded where te_async.models.attention rounds them (both RMSNorms: normalise in f32,
-// round, times the weight, round; the rotated q and k), so the split and merge kernels get what
-// decode_attention gets on the unfused path. A layer index or position outside the cache writes
-// nothing; the attention then gives NaN (a bad layer, a negative position) or sees the keys it can.
+// At batch 1 XLA ran step 1 as about five kernels (the norms, the rope, two cache updates) between
+// the input projections and decode_attention's call, each launched after the one before had ended,
+// and steps 0 and 4 as the norm's two kernels, the projections' GEMM, o_proj's and the residual add.
+// Values are rounded where te_async.models.attention rounds them (the RMSNorms: normalise in f32,
+// round, times the weight, round; the projections; the rotated q and k; o_proj's output and the
+// residual sum), so the split and merge kernels get what decode_attention gets on the unfused path.
+// A layer index or position outside the cache writes nothing; the attention then gives NaN (a bad
+// layer, a negative position) or sees the keys it can.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -27,9 +34,11 @@
 #include "cuda/cuda_check.h"
 #include "cuda/decode_attention.h"
 #include "cuda/decode_attention_kernels.cuh"
+#include "cuda/gqa_token.h"
 #include "cuda/handlers.h"
 #include "cuda/norm_rope.cuh"
 #include "cuda/programmatic_launch.cuh"
+#include "cuda/token_product.cuh"
 #include "debug_flags.h"
 #include "grouped_gemm_args.h"
 
@@ -47,6 +56,18 @@ static_assert(kDecodeAttentionShapes[kShape].rope_dims == 0 && kDecodeAttentionS
 constexpr int kHalf = kHeadDim / 2;
 constexpr int kMaxRows = kDecodeAttentionMaxRows;  // the split kernel's query rows: heads per kv head
 constexpr int kWarps = kHeadDim / 32;
+// The block's products (token_product.cuh): the input projections 32 columns in 512 threads, as
+// mla_token.cu's; o_proj 16 in 256, one block an SM at 32 rows a thread (Qwen3's 4096), so that
+// the blocks that fit beside the attention's load their rows while it runs.
+using token_product::kProductGroups;
+using token_product::kProductSeqs;
+using token_product::ProductArgs;
+constexpr int kInputColumns = 32, kInputThreads = kProductGroups * kInputColumns / 8;
+constexpr int kOutputColumns = 16, kOutputThreads = kProductGroups * kOutputColumns / 8;
+static_assert(kGqaTokenBlockRowStep == kProductGroups && kGqaTokenBlockRowStep % kOutputColumns == 0 &&
+                  kHeadDim % kInputColumns == 0 && kGqaTokenBlockMaxHidden % kInputThreads == 0 &&
+                  kGqaTokenBlockMaxRows % kOutputThreads == 0,
+              "whole blocks");
 
 struct PrepArgs {
   const bf16* projected;         // [B, (H + 2 Hkv) d]: q's heads, then k's, then v's
@@ -67,11 +88,14 @@ __global__ void __launch_bounds__(kHeadDim) GqaTokenPrepKernel(PrepArgs a) {
   const bool query = h < a.heads;
   const bf16* in = a.projected + (static_cast<size_t>(b) * (a.heads + 2 * a.kv_heads) + h) * kHeadDim;
   const bf16* norm = query ? a.q_norm : a.k_norm;
+  const bf16 weight = norm != nullptr ? norm[t] : bf16{};  // the call's inputs, read before the wait
+  const float cos = a.cos[t], sin = a.sin[t];
+  WaitForPrevious();  // GqaTokenBlock: the input projections (returns at once in GqaToken)
   float x = __bfloat162float(in[t]);
-  if (norm != nullptr) x = Normalized(x, InverseRms<kWarps>(x * x, kHeadDim, a.eps, scratch), norm[t]);
+  if (norm != nullptr) x = Normalized(x, InverseRms<kWarps>(x * x, kHeadDim, a.eps, scratch), weight);
   head[t] = x;
   __syncthreads();
-  const bf16 rotated = RotatedHalf(x, head[t < kHalf ? t + kHalf : t - kHalf], a.cos[t], a.sin[t], t < kHalf);
+  const bf16 rotated = RotatedHalf(x, head[t < kHalf ? t + kHalf : t - kHalf], cos, sin, t < kHalf);
   if (query) {
     a.q[(static_cast<size_t>(b) * a.heads + h) * kHeadDim + t] = rotated;
     return;
@@ -84,33 +108,42 @@ __global__ void __launch_bounds__(kHeadDim) GqaTokenPrepKernel(PrepArgs a) {
   a.v_cache[at] = in[static_cast<size_t>(a.kv_heads) * kHeadDim + t];  // head h's value, Hkv heads on
 }
 
-ffi::Error GqaToken(cudaStream_t stream, ffi::Buffer<ffi::BF16> projected, ffi::Buffer<ffi::BF16> q_norm,
-                    ffi::Buffer<ffi::BF16> k_norm, ffi::Buffer<ffi::F32> cos, ffi::Buffer<ffi::F32> sin,
-                    ffi::Buffer<ffi::BF16> k_cache, ffi::Buffer<ffi::BF16> v_cache, ffi::Buffer<ffi::S32> layer,
-                    ffi::Buffer<ffi::S32> position, ffi::Result<ffi::Buffer<ffi::BF16>> out,
-                    ffi::Result<ffi::Buffer<ffi::BF16>> k_out, ffi::Result<ffi::Buffer<ffi::BF16>> v_out,
-                    ffi::Result<ffi::Buffer<ffi::BF16>> q, ffi::Result<ffi::Buffer<ffi::F32>> partial, float scale,
-                    int64_t window, float eps) {
+using BF16Buffer = ffi::Buffer<ffi::BF16>;
+using BF16Result = ffi::Result<ffi::Buffer<ffi::BF16>>;
+
+bool Is(ffi::Span<const int64_t> d, std::initializer_list<int64_t> dims) {
+  return std::equal(d.begin(), d.end(), dims.begin(), dims.end());
+}
+
+const bf16* In(const BF16Buffer& b) { return static_cast<const bf16*>(b.untyped_data()); }
+bf16* Out(BF16Result& b) { return static_cast<bf16*>(b->untyped_data()); }
+
+// Kernels 1-3 of both calls, from the input projections' output `projected` (dims `pd`, the call's
+// input or kernel 0's output) to the heads' outputs `out`: the shapes checked, the workspaces
+// poisoned where asked, then the prep (a programmatic dependent of the kernel before where
+// after_previous), the splits and the merge.
+ffi::Error Attention(cudaStream_t stream, const bf16* projected, ffi::Span<const int64_t> pd, const BF16Buffer& q_norm,
+                     const BF16Buffer& k_norm, ffi::Buffer<ffi::F32> cos, ffi::Buffer<ffi::F32> sin,
+                     const BF16Buffer& k_cache, const BF16Buffer& v_cache, ffi::Buffer<ffi::S32> layer,
+                     ffi::Buffer<ffi::S32> position, BF16Result& out, BF16Result& k_out, BF16Result& v_out,
+                     BF16Result& q, ffi::Result<ffi::Buffer<ffi::F32>>& partial, float scale, int64_t window,
+                     float eps, bool after_previous) {
   auto bad = [&](const std::string& why) {
-    return ffi::Error::InvalidArgument("te_async gqa_token: " + why + " (projected " + Dims(projected.dimensions()) +
-                                       ", k_cache " + Dims(k_cache.dimensions()) + ", v_cache " +
-                                       Dims(v_cache.dimensions()) + ", out " + Dims(out->dimensions()) + ", partial " +
+    return ffi::Error::InvalidArgument("te_async gqa_token: " + why + " (projected " + Dims(pd) + ", k_cache " +
+                                       Dims(k_cache.dimensions()) + ", v_cache " + Dims(v_cache.dimensions()) +
+                                       ", out " + Dims(out->dimensions()) + ", partial " +
                                        Dims(partial->dimensions()) + ")");
   };
-  const auto od = out->dimensions(), cd = k_cache.dimensions(), pd = partial->dimensions();
-  if (od.size() != 4 || cd.size() != 5 || pd.size() != 4 || projected.dimensions().size() != 3) return bad("ranks");
-  const int64_t batch = od[0], heads = od[2], layers = cd[0], max_len = cd[2], kv_heads = cd[3], splits = pd[0];
-  const auto is = [](const auto& buffer, std::initializer_list<int64_t> dims) {
-    const auto d = buffer.dimensions();
-    return std::equal(d.begin(), d.end(), dims.begin(), dims.end());
-  };
-  const auto norm_ok = [&](const ffi::Buffer<ffi::BF16>& n) { return is(n, {0}) || is(n, {kHeadDim}); };
-  if (!is(*out, {batch, 1, heads, kHeadDim}) || !is(projected, {batch, 1, (heads + 2 * kv_heads) * kHeadDim}) ||
-      !is(k_cache, {layers, batch, max_len, kv_heads, kHeadDim}) ||
-      !is(v_cache, {layers, batch, max_len, kv_heads, kHeadDim}) || !norm_ok(q_norm) || !norm_ok(k_norm) ||
-      !is(cos, {kHeadDim}) || !is(sin, {kHeadDim}) || layer.element_count() != 1 || position.element_count() != 1 ||
-      !is(*q, {batch, 1, heads, kHeadDim}) ||
-      !is(*partial, {splits, batch * kv_heads, kMaxRows, kHeadDim + 2})) {
+  const auto od = out->dimensions(), cd = k_cache.dimensions(), sd = partial->dimensions();
+  if (od.size() != 4 || cd.size() != 5 || sd.size() != 4 || pd.size() != 3) return bad("ranks");
+  const int64_t batch = od[0], heads = od[2], layers = cd[0], max_len = cd[2], kv_heads = cd[3], splits = sd[0];
+  const auto norm_ok = [&](const BF16Buffer& n) { return Is(n.dimensions(), {0}) || Is(n.dimensions(), {kHeadDim}); };
+  if (!Is(od, {batch, 1, heads, kHeadDim}) || !Is(pd, {batch, 1, (heads + 2 * kv_heads) * kHeadDim}) ||
+      !Is(cd, {layers, batch, max_len, kv_heads, kHeadDim}) ||
+      !Is(v_cache.dimensions(), {layers, batch, max_len, kv_heads, kHeadDim}) || !norm_ok(q_norm) ||
+      !norm_ok(k_norm) || !Is(cos.dimensions(), {kHeadDim}) || !Is(sin.dimensions(), {kHeadDim}) ||
+      layer.element_count() != 1 || position.element_count() != 1 || !Is(q->dimensions(), {batch, 1, heads, kHeadDim}) ||
+      !Is(sd, {splits, batch * kv_heads, kMaxRows, kHeadDim + 2})) {
     return bad("shapes: projected [B, 1, (H + 2 Hkv) * " + std::to_string(kHeadDim) + "], q_norm and k_norm [" +
                std::to_string(kHeadDim) + "] or [0], cos and sin [" + std::to_string(kHeadDim) +
                "], caches [L, B, N, Hkv, " + std::to_string(kHeadDim) + "], out [B, 1, H, " +
@@ -127,29 +160,85 @@ ffi::Error GqaToken(cudaStream_t stream, ffi::Buffer<ffi::BF16> projected, ffi::
   if (k_out->untyped_data() != k_cache.untyped_data() || v_out->untyped_data() != v_cache.untyped_data()) {
     return bad("the cache outputs must alias the cache inputs");
   }
-  const auto in = [](const ffi::Buffer<ffi::BF16>& b) { return static_cast<const bf16*>(b.untyped_data()); };
-  const auto res = [](ffi::Result<ffi::Buffer<ffi::BF16>>& b) { return static_cast<bf16*>(b->untyped_data()); };
-  const auto optional = [&](const ffi::Buffer<ffi::BF16>& b) { return b.element_count() == 0 ? nullptr : in(b); };
+  const auto optional = [&](const BF16Buffer& b) { return b.element_count() == 0 ? nullptr : In(b); };
   if (PoisonOutputs()) {
     for (auto* r : {&out, &q}) {
       TE_ASYNC_CUDA(cudaMemsetAsync((*r)->untyped_data(), 0xff, (*r)->size_bytes(), stream));
     }
     TE_ASYNC_CUDA(cudaMemsetAsync(partial->untyped_data(), 0xff, partial->size_bytes(), stream));
   }
-  const PrepArgs prep{in(projected), optional(q_norm), optional(k_norm), cos.typed_data(), sin.typed_data(),
-                      layer.typed_data(), position.typed_data(), res(k_out), res(v_out), res(q),
+  const PrepArgs prep{projected, optional(q_norm), optional(k_norm), cos.typed_data(), sin.typed_data(),
+                      layer.typed_data(), position.typed_data(), Out(k_out), Out(v_out), Out(q),
                       static_cast<int>(batch), static_cast<int>(heads), static_cast<int>(kv_heads),
                       static_cast<int>(max_len), static_cast<int>(layers), eps};
-  GqaTokenPrepKernel<<<dim3(heads + kv_heads, batch), kHeadDim, 0, stream>>>(prep);
-  TE_ASYNC_RETURN_IF_ERROR(CudaStatus(cudaGetLastError(), "launch of GqaTokenPrepKernel"));
+  TE_ASYNC_RETURN_IF_ERROR(CudaStatus(LaunchDependent(GqaTokenPrepKernel, dim3(heads + kv_heads, batch),
+                                                      dim3(kHeadDim), 0, stream, after_previous, prep),
+                                      "launch of GqaTokenPrepKernel"));
 
   using namespace decode_attention_kernels;  // NOLINT: the kernels this call chains behind the prep
-  const Args attend{res(q), res(q), res(k_out), res(k_out), res(v_out), layer.typed_data(), position.typed_data(),
+  const Args attend{Out(q), Out(q), Out(k_out), Out(k_out), Out(v_out), layer.typed_data(), position.typed_data(),
                     static_cast<int>(batch), 1, static_cast<int>(heads), static_cast<int>(kv_heads),
                     static_cast<int>(max_len), static_cast<int>(layers), static_cast<int>(window),
-                    SplitChunk(max_len, splits), scale * kLog2e, partial->typed_data(), res(out)};
+                    SplitChunk(max_len, splits), scale * kLog2e, partial->typed_data(), Out(out)};
   TE_ASYNC_RETURN_IF_ERROR(LaunchSplits<kShape>(stream, attend, static_cast<int>(splits), true));
   return LaunchMerge<kShape>(stream, attend, static_cast<int>(splits), true);
+}
+
+ffi::Error GqaToken(cudaStream_t stream, BF16Buffer projected, BF16Buffer q_norm, BF16Buffer k_norm,
+                    ffi::Buffer<ffi::F32> cos, ffi::Buffer<ffi::F32> sin, BF16Buffer k_cache, BF16Buffer v_cache,
+                    ffi::Buffer<ffi::S32> layer, ffi::Buffer<ffi::S32> position, BF16Result out, BF16Result k_out,
+                    BF16Result v_out, BF16Result q, ffi::Result<ffi::Buffer<ffi::F32>> partial, float scale,
+                    int64_t window, float eps) {
+  return Attention(stream, In(projected), projected.dimensions(), q_norm, k_norm, cos, sin, k_cache, v_cache, layer,
+                   position, out, k_out, v_out, q, partial, scale, window, eps, false);
+}
+
+ffi::Error GqaTokenBlock(cudaStream_t stream, BF16Buffer x, BF16Buffer norm, BF16Buffer w_in, BF16Buffer wo,
+                         BF16Buffer q_norm, BF16Buffer k_norm, ffi::Buffer<ffi::F32> cos, ffi::Buffer<ffi::F32> sin,
+                         BF16Buffer k_cache, BF16Buffer v_cache, ffi::Buffer<ffi::S32> layer,
+                         ffi::Buffer<ffi::S32> position, BF16Result out, BF16Result k_out, BF16Result v_out,
+                         BF16Result q, ffi::Result<ffi::Buffer<ffi::F32>> partial, BF16Result projected,
+                         BF16Result heads_out, float scale, int64_t window, float eps) {
+  auto bad = [&](const std::string& why) {
+    return ffi::Error::InvalidArgument("te_async gqa_token_block: " + why + " (x " + Dims(x.dimensions()) +
+                                       ", norm " + Dims(norm.dimensions()) + ", w_in " + Dims(w_in.dimensions()) +
+                                       ", wo " + Dims(wo.dimensions()) + ", heads' outputs " +
+                                       Dims(heads_out->dimensions()) + ")");
+  };
+  const auto xd = x.dimensions(), wd = w_in.dimensions(), hd = heads_out->dimensions();
+  if (xd.size() != 3 || wd.size() != 2 || hd.size() != 4) return bad("ranks");
+  const int64_t batch = xd[0], hidden = xd[2], width = wd[1], rows = hd[2] * kHeadDim;
+  if (!Is(xd, {batch, 1, hidden}) || !Is(norm.dimensions(), {hidden}) || !Is(wd, {hidden, width}) ||
+      !Is(wo.dimensions(), {rows, hidden}) || !Is(out->dimensions(), {batch, 1, hidden}) ||
+      !Is(projected->dimensions(), {batch, 1, width}) || !Is(hd, {batch, 1, hd[2], kHeadDim})) {
+    return bad("shapes: x [B, 1, hidden], norm [hidden], w_in [hidden, (H + 2 Hkv) * " + std::to_string(kHeadDim) +
+               "], wo [H * " + std::to_string(kHeadDim) + ", hidden], out [B, 1, hidden]");
+  }
+  if (hidden < 1 || hidden > kGqaTokenBlockMaxHidden || hidden % kGqaTokenBlockRowStep != 0 ||
+      rows > kGqaTokenBlockMaxRows || rows % kGqaTokenBlockRowStep != 0 || batch < 1 || batch > 65535) {
+    return bad("a hidden size and H * " + std::to_string(kHeadDim) + " that are multiples of " +
+               std::to_string(kGqaTokenBlockRowStep) + ", at most " + std::to_string(kGqaTokenBlockMaxHidden) +
+               " and " + std::to_string(kGqaTokenBlockMaxRows));
+  }
+  if (PoisonOutputs()) {
+    for (auto* r : {&out, &projected}) {
+      TE_ASYNC_CUDA(cudaMemsetAsync((*r)->untyped_data(), 0xff, (*r)->size_bytes(), stream));
+    }
+  }
+  const int pairs = static_cast<int>((batch + kProductSeqs - 1) / kProductSeqs);
+  const ProductArgs input{In(x), nullptr, In(norm), In(w_in), nullptr, Out(projected), static_cast<int>(batch),
+                          static_cast<int>(hidden), static_cast<int>(width), eps};
+  token_product::ProductKernel<kInputColumns, kInputThreads, kGqaTokenBlockMaxHidden, 1>
+      <<<dim3(width / kInputColumns, pairs), kInputThreads, 0, stream>>>(input);
+  TE_ASYNC_RETURN_IF_ERROR(CudaStatus(cudaGetLastError(), "launch of the input projections' ProductKernel"));
+  TE_ASYNC_RETURN_IF_ERROR(Attention(stream, Out(projected), projected->dimensions(), q_norm, k_norm, cos, sin,
+                                     k_cache, v_cache, layer, position, heads_out, k_out, v_out, q, partial, scale,
+                                     window, eps, true));
+  const ProductArgs output{Out(heads_out), nullptr, nullptr, In(wo), In(x), Out(out), static_cast<int>(batch),
+                           static_cast<int>(rows), static_cast<int>(hidden), 0.f};
+  return CudaStatus(LaunchDependent(token_product::ProductKernel<kOutputColumns, kOutputThreads, kGqaTokenBlockMaxRows, 1>,
+                                    dim3(hidden / kOutputColumns, pairs), dim3(kOutputThreads), 0, stream, true, output),
+                    "launch of o_proj's ProductKernel");
 }
 
 }  // namespace
@@ -171,6 +260,33 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(kGqaTokenCuda, GqaToken,
                                   .Ret<ffi::Buffer<ffi::BF16>>()  // v_cache, aliased
                                   .Ret<ffi::Buffer<ffi::BF16>>()  // q: the rotated query (workspace)
                                   .Ret<ffi::Buffer<ffi::F32>>()   // partial: the splits' outputs (workspace)
+                                  .Attr<float>("scale")
+                                  .Attr<int64_t>("window")
+                                  .Attr<float>("eps"),
+                              {ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kGqaTokenBlockCuda, GqaTokenBlock,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::Buffer<ffi::BF16>>()  // x: the residual stream
+                                  .Arg<ffi::Buffer<ffi::BF16>>()  // norm: input_layernorm's weight
+                                  .Arg<ffi::Buffer<ffi::BF16>>()  // w_in: q, k and v's weights side by side
+                                  .Arg<ffi::Buffer<ffi::BF16>>()  // wo
+                                  .Arg<ffi::Buffer<ffi::BF16>>()  // q_norm, or [0]
+                                  .Arg<ffi::Buffer<ffi::BF16>>()  // k_norm, or [0]
+                                  .Arg<ffi::Buffer<ffi::F32>>()   // cos
+                                  .Arg<ffi::Buffer<ffi::F32>>()   // sin
+                                  .Arg<ffi::Buffer<ffi::BF16>>()  // k_cache
+                                  .Arg<ffi::Buffer<ffi::BF16>>()  // v_cache
+                                  .Arg<ffi::Buffer<ffi::S32>>()   // layer
+                                  .Arg<ffi::Buffer<ffi::S32>>()   // position
+                                  .Ret<ffi::Buffer<ffi::BF16>>()  // out: x + o_proj's output
+                                  .Ret<ffi::Buffer<ffi::BF16>>()  // k_cache, aliased
+                                  .Ret<ffi::Buffer<ffi::BF16>>()  // v_cache, aliased
+                                  .Ret<ffi::Buffer<ffi::BF16>>()  // q: the rotated query (workspace)
+                                  .Ret<ffi::Buffer<ffi::F32>>()   // partial: the splits' outputs (workspace)
+                                  .Ret<ffi::Buffer<ffi::BF16>>()  // projected: q, k and v (workspace)
+                                  .Ret<ffi::Buffer<ffi::BF16>>()  // the heads' outputs, o_proj's input (workspace)
                                   .Attr<float>("scale")
                                   .Attr<int64_t>("window")
                                   .Attr<float>("eps"),

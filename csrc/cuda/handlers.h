@@ -17,6 +17,7 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(kDecodeAttentionCuda);  // decode_attention.cu
 XLA_FFI_DECLARE_HANDLER_SYMBOL(kMlaDecodeCuda);        // mla_decode.cu
 XLA_FFI_DECLARE_HANDLER_SYMBOL(kMlaTokenCuda);         // mla_token.cu
 XLA_FFI_DECLARE_HANDLER_SYMBOL(kGqaTokenCuda);         // gqa_token.cu
+XLA_FFI_DECLARE_HANDLER_SYMBOL(kGqaTokenBlockCuda);    // gqa_token.cu
 XLA_FFI_DECLARE_HANDLER_SYMBOL(kTokenFfnCuda);         // token_ffn.cu
 XLA_FFI_DECLARE_HANDLER_SYMBOL(kTokenMoeCuda);         // token_ffn.cu
 

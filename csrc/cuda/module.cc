@@ -14,6 +14,7 @@
 #include "cuda/decode_attention.h"
 #include "cuda/device_counters.h"
 #include "cuda/device_gemm.h"
+#include "cuda/gqa_token.h"
 #include "cuda/handlers.h"
 #include "cuda/host_size_slots.h"
 #include "cuda/mla_decode.h"
@@ -38,6 +39,7 @@ NB_MODULE(_te_async_cuda, m) {
     d["te_async_mla_decode"] = te_async::EncapsulateFfiHandler(te_async::kMlaDecodeCuda);
     d["te_async_mla_token"] = te_async::EncapsulateFfiHandler(te_async::kMlaTokenCuda);
     d["te_async_gqa_token"] = te_async::EncapsulateFfiHandler(te_async::kGqaTokenCuda);
+    d["te_async_gqa_token_block"] = te_async::EncapsulateFfiHandler(te_async::kGqaTokenBlockCuda);
     d["te_async_token_ffn"] = te_async::EncapsulateFfiHandler(te_async::kTokenFfnCuda);
     d["te_async_token_moe"] = te_async::EncapsulateFfiHandler(te_async::kTokenMoeCuda);
     return d;
@@ -124,6 +126,8 @@ NB_MODULE(_te_async_cuda, m) {
   m.attr("MLA_DECODE_MAX_SPLITS") = te_async::kMlaDecodeMaxSplits;
   m.attr("MLA_TOKEN_HIDDEN") = nb::make_tuple(te_async::kMlaTokenHiddenStep, te_async::kMlaTokenMaxHidden);
   m.attr("MLA_TOKEN_LATENT_PARTS") = te_async::kMlaTokenLatentParts;
+  m.attr("GQA_TOKEN_BLOCK_ROWS") = nb::make_tuple(te_async::kGqaTokenBlockRowStep, te_async::kGqaTokenBlockMaxHidden,
+                                                  te_async::kGqaTokenBlockMaxRows);
   m.attr("FUSED_MAX_ROWS") = te_async::kSmallGroupsFusedMaxRows;
   // The configs each form can run, by form ("m", "mt", "k"), for TE_ASYNC_CUTLASS_CONFIG; empty
   // when CUTLASS is not built.

@@ -80,6 +80,23 @@ def restacked(cache_array, stack: jax.Array):
     return stack[0]
 
 
+def gqa_sublayer(p: dict, cfg, x: jax.Array, norm: jax.Array, cos: jax.Array, sin: jax.Array,
+                 cache: Optional[dict], position, window: Optional[int]) -> tuple:
+    """(x + gqa_attention(rms_norm(x, norm)), cache): a decoder layer's attention half. One new token
+    per sequence without projection biases, where te_async.gqa_token.block_takes it, runs as that one
+    FFI call (gqa_token_block), which writes the cache rows itself."""
+    if position is not None and x.shape[1] == 1 and not {"bq", "bk", "bv", "bo"} & p.keys():
+        keys, values, layer, heads, norms = _token_operands(p, cfg, cache, x.dtype)
+        if gqa_token.block_takes(x, p["w_in"], p["wo"], keys, values, heads, norms):
+            q_norm, k_norm = norms if norms else (None, None)
+            out, keys, values = gqa_token.gqa_token_block(
+                x, norm, p["w_in"], p["wo"], keys, values, cos[0], sin[0], position, layer, heads=heads,
+                scale=cfg.head_dim ** -0.5, eps=cfg.rms_norm_eps, q_norm=q_norm, k_norm=k_norm, window=window)
+            return out, {"k": restacked(cache["k"], keys), "v": restacked(cache["v"], values)}
+    a, cache = gqa_attention(p, cfg, rms_norm(x, norm, cfg.rms_norm_eps), cos, sin, cache, position, window)
+    return x + a, cache
+
+
 def gqa_attention(p: dict, cfg, x: jax.Array, cos: jax.Array, sin: jax.Array, cache: Optional[dict],
                   position, window: Optional[int]) -> tuple:
     """(output [B,S,hidden], cache) for x [B,S,hidden]; see the module docstring. One new token per
@@ -119,9 +136,7 @@ def _token_attention(p: dict, cfg, x: jax.Array, cos: jax.Array, sin: jax.Array,
                      scale: float, window: Optional[int]) -> Optional[tuple]:
     """_heads_attention of one new token per sequence through gqa_token_attention (the norms, the
     rope, the cache write and the attention in one call), or None where gqa_token.takes does not."""
-    (keys, layer), (values, _) = stacked(cache["k"]), stacked(cache["v"])
-    heads = cfg.num_attention_heads
-    norms = (p["q_norm"].astype(x.dtype), p["k_norm"].astype(x.dtype)) if cfg.qk_norm else ()
+    keys, values, layer, heads, norms = _token_operands(p, cfg, cache, x.dtype)
     projected = jax.ShapeDtypeStruct((x.shape[0], 1, p["w_in"].shape[1]), x.dtype)
     if not gqa_token.takes(projected, keys, values, heads, norms):
         return None
@@ -132,3 +147,11 @@ def _token_attention(p: dict, cfg, x: jax.Array, cos: jax.Array, sin: jax.Array,
         projected, keys, values, cos[0], sin[0], position, layer, heads=heads, scale=scale, q_norm=q_norm,
         k_norm=k_norm, eps=cfg.rms_norm_eps, window=window)
     return out, {"k": restacked(cache["k"], keys), "v": restacked(cache["v"], values)}
+
+
+def _token_operands(p: dict, cfg, cache: dict, dtype) -> tuple:
+    """(stacked keys, stacked values, layer index, query heads, (q_norm, k_norm) in dtype or ()): what
+    gqa_token's calls take besides the token."""
+    (keys, layer), (values, _) = stacked(cache["k"]), stacked(cache["v"])
+    norms = (p["q_norm"].astype(dtype), p["k_norm"].astype(dtype)) if cfg.qk_norm else ()
+    return keys, values, layer, cfg.num_attention_heads, norms

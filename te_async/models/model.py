@@ -25,7 +25,7 @@ import numpy as np
 
 from .. import dense
 from ..scan_vjp import scan as te_async_scan
-from .attention import LayerOf, gqa_attention
+from .attention import LayerOf, gqa_sublayer
 from .cache import cache_batch, cache_length, cache_shapes, init_cache
 from .config import Config
 from .embedding import embed
@@ -57,8 +57,7 @@ def _layer(p, cfg: Config, x, cos, sin, cache, position, window, group_sizes_mod
     if cfg.is_mla:
         x, cache = mla_sublayer(p["attn"], cfg, x, p["attn_norm"], eps, cos, sin, cache, position, window)
     else:
-        a, cache = gqa_attention(p["attn"], cfg, rms_norm(x, p["attn_norm"], eps), cos, sin, cache, position, window)
-        x = x + a
+        x, cache = gqa_sublayer(p["attn"], cfg, x, p["attn_norm"], cos, sin, cache, position, window)
     if "moe" in p:
         x, chosen = moe_sublayer(p["moe"], p["mlp_norm"], cfg, x, group_sizes_mode=group_sizes_mode, experts=experts,
                                  return_routing=True)
