@@ -45,8 +45,9 @@ for run in 1 2; do
     echo "generate $w $run (at $((SECONDS - T0)) s): $(grep -E '^\| [0-9]' $R/generate_${w}_$run/generate.md)" >> $L
   done
 done
-# gqa_token (stop 67, table GT: Qwen3-30B-A3B B=1 1.105x on an H100 with 24 layers): the whole model here, on and off
-GQA_OFF="import te_async.gqa_token as g; g.takes = lambda *a, **k: False; "
+# gqa_token (stop 67, table GT: Qwen3-30B-A3B B=1 1.105x on an H100 with 24 layers; since stop 68 the block, table GB):
+# the whole model here, both calls on and off
+GQA_OFF="import te_async.gqa_token as g; g.takes = g.block_takes = lambda *a, **k: False; "
 for w in new old; do
   pre=""; [ $w = old ] && pre="$GQA_OFF"
   (cd / && PYTHONPATH=/tmp/w_main XLA_PYTHON_CLIENT_MEM_FRACTION=0.9 timeout 90 python3 -P -c "${pre}import runpy, sys; sys.argv = ['te_async.bench'] + sys.argv[1:]; runpy.run_module('te_async.bench', run_name='__main__')" \
