@@ -16,7 +16,7 @@ new token per sequence, on a GPU of compute capability 9.0 or later.
 `gqa_token_block` runs the whole attention half of a decoder layer, input_layernorm to the
 residual add, in one call: the norm with the input projections (as mla_token's first kernel, csrc/
 cuda/token_product.cuh), the three kernels above, and o_proj with the residual, each a programmatic
-dependent of the one before, so that o_proj's blocks load their weights while the attention runs.
+dependent of the one before (8 launches a Qwen3 layer where there were 12; docs/benchmarks.md, table GB).
 For hidden sizes and o_proj rows (H d) within GQA_TOKEN_BLOCK_ROWS and no projection biases
 (Qwen3-30B-A3B's shapes; Mixtral's hidden size of 4096 is past it).
 

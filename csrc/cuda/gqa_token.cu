@@ -13,7 +13,8 @@
 //      before the new token's, loads while the prep runs.
 //   3. CombineKernel, the merge of the key splits, launched while the splits run.
 //   4. ProductKernel with a residual, block (16 columns, two sequences): x + o_proj over the heads'
-//      outputs; its blocks load o_proj's rows into registers while the attention runs.
+//      outputs. It loads o_proj's rows before it waits, but starts only when the merge has ended:
+//      CombineKernel does not start its dependents (docs/trials/2026-12-07-gqa-block-prefetch).
 //
 // At batch 1 XLA ran step 1 as about five kernels (the norms, the rope, two cache updates) between
 // the input projections and decode_attention's call, each launched after the one before had ended,
@@ -57,8 +58,8 @@ constexpr int kHalf = kHeadDim / 2;
 constexpr int kMaxRows = kDecodeAttentionMaxRows;  // the split kernel's query rows: heads per kv head
 constexpr int kWarps = kHeadDim / 32;
 // The block's products (token_product.cuh): the input projections 32 columns in 512 threads, as
-// mla_token.cu's; o_proj 16 in 256, one block an SM at 32 rows a thread (Qwen3's 4096), so that
-// the blocks that fit beside the attention's load their rows while it runs.
+// mla_token.cu's (one block an SM: 1.2 waves for Qwen3's 5120 columns on 132 SMs); o_proj 16 in 256,
+// one block an SM at 32 rows a thread (Qwen3's 4096 rows).
 using token_product::kProductGroups;
 using token_product::kProductSeqs;
 using token_product::ProductArgs;
