@@ -29,6 +29,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <string>
 
@@ -119,16 +120,17 @@ bool Is(ffi::Span<const int64_t> d, std::initializer_list<int64_t> dims) {
 const bf16* In(const BF16Buffer& b) { return static_cast<const bf16*>(b.untyped_data()); }
 bf16* Out(BF16Result& b) { return static_cast<bf16*>(b->untyped_data()); }
 
-// Kernels 1-3 of both calls, from the input projections' output `projected` (dims `pd`, the call's
-// input or kernel 0's output) to the heads' outputs `out`: the shapes checked, the workspaces
-// poisoned where asked, then the prep (a programmatic dependent of the kernel before where
-// after_previous), the splits and the merge.
+// Kernels 1-3 of both calls, from the input projections' output `projected` (dims `pd`) to the heads'
+// outputs `out`: the shapes checked and the workspaces poisoned where asked before anything is
+// launched; then `first` (GqaTokenBlock's kernel 0, which writes `projected`; empty in GqaToken,
+// whose `projected` is its input), the prep (a programmatic dependent of `first`'s kernel), the
+// splits and the merge.
 ffi::Error Attention(cudaStream_t stream, const bf16* projected, ffi::Span<const int64_t> pd, const BF16Buffer& q_norm,
                      const BF16Buffer& k_norm, ffi::Buffer<ffi::F32> cos, ffi::Buffer<ffi::F32> sin,
                      const BF16Buffer& k_cache, const BF16Buffer& v_cache, ffi::Buffer<ffi::S32> layer,
                      ffi::Buffer<ffi::S32> position, BF16Result& out, BF16Result& k_out, BF16Result& v_out,
                      BF16Result& q, ffi::Result<ffi::Buffer<ffi::F32>>& partial, float scale, int64_t window,
-                     float eps, bool after_previous) {
+                     float eps, const std::function<ffi::Error()>& first) {
   auto bad = [&](const std::string& why) {
     return ffi::Error::InvalidArgument("te_async gqa_token: " + why + " (projected " + Dims(pd) + ", k_cache " +
                                        Dims(k_cache.dimensions()) + ", v_cache " + Dims(v_cache.dimensions()) +
@@ -172,9 +174,9 @@ ffi::Error Attention(cudaStream_t stream, const bf16* projected, ffi::Span<const
                       layer.typed_data(), position.typed_data(), Out(k_out), Out(v_out), Out(q),
                       static_cast<int>(batch), static_cast<int>(heads), static_cast<int>(kv_heads),
                       static_cast<int>(max_len), static_cast<int>(layers), eps};
-  TE_ASYNC_RETURN_IF_ERROR(CudaStatus(LaunchDependent(GqaTokenPrepKernel, dim3(heads + kv_heads, batch),
-                                                      dim3(kHeadDim), 0, stream, after_previous, prep),
-                                      "launch of GqaTokenPrepKernel"));
+  if (first) TE_ASYNC_RETURN_IF_ERROR(first());
+  TE_ASYNC_RETURN_IF_ERROR(LaunchChained(GqaTokenPrepKernel, dim3(heads + kv_heads, batch), kHeadDim, prep, stream,
+                                         static_cast<bool>(first), "launch of GqaTokenPrepKernel"));
 
   using namespace decode_attention_kernels;  // NOLINT: the kernels this call chains behind the prep
   const Args attend{Out(q), Out(q), Out(k_out), Out(k_out), Out(v_out), layer.typed_data(), position.typed_data(),
@@ -191,7 +193,7 @@ ffi::Error GqaToken(cudaStream_t stream, BF16Buffer projected, BF16Buffer q_norm
                     BF16Result v_out, BF16Result q, ffi::Result<ffi::Buffer<ffi::F32>> partial, float scale,
                     int64_t window, float eps) {
   return Attention(stream, In(projected), projected.dimensions(), q_norm, k_norm, cos, sin, k_cache, v_cache, layer,
-                   position, out, k_out, v_out, q, partial, scale, window, eps, false);
+                   position, out, k_out, v_out, q, partial, scale, window, eps, {});
 }
 
 ffi::Error GqaTokenBlock(cudaStream_t stream, BF16Buffer x, BF16Buffer norm, BF16Buffer w_in, BF16Buffer wo,
@@ -229,17 +231,19 @@ ffi::Error GqaTokenBlock(cudaStream_t stream, BF16Buffer x, BF16Buffer norm, BF1
   const int pairs = static_cast<int>((batch + kProductSeqs - 1) / kProductSeqs);
   const ProductArgs input{In(x), nullptr, In(norm), In(w_in), nullptr, Out(projected), static_cast<int>(batch),
                           static_cast<int>(hidden), static_cast<int>(width), eps};
-  token_product::ProductKernel<kInputColumns, kInputThreads, kGqaTokenBlockMaxHidden, 1>
-      <<<dim3(width / kInputColumns, pairs), kInputThreads, 0, stream>>>(input);
-  TE_ASYNC_RETURN_IF_ERROR(CudaStatus(cudaGetLastError(), "launch of the input projections' ProductKernel"));
+  const auto input_projections = [&] {
+    return LaunchChained(token_product::ProductKernel<kInputColumns, kInputThreads, kGqaTokenBlockMaxHidden, 1>,
+                         dim3(width / kInputColumns, pairs), kInputThreads, input, stream, false,
+                         "launch of the input projections' ProductKernel");
+  };
   TE_ASYNC_RETURN_IF_ERROR(Attention(stream, Out(projected), projected->dimensions(), q_norm, k_norm, cos, sin,
                                      k_cache, v_cache, layer, position, heads_out, k_out, v_out, q, partial, scale,
-                                     window, eps, true));
+                                     window, eps, input_projections));
   const ProductArgs output{Out(heads_out), nullptr, nullptr, In(wo), In(x), Out(out), static_cast<int>(batch),
                            static_cast<int>(rows), static_cast<int>(hidden), 0.f};
-  return CudaStatus(LaunchDependent(token_product::ProductKernel<kOutputColumns, kOutputThreads, kGqaTokenBlockMaxRows, 1>,
-                                    dim3(hidden / kOutputColumns, pairs), dim3(kOutputThreads), 0, stream, true, output),
-                    "launch of o_proj's ProductKernel");
+  return LaunchChained(token_product::ProductKernel<kOutputColumns, kOutputThreads, kGqaTokenBlockMaxRows, 1>,
+                       dim3(hidden / kOutputColumns, pairs), kOutputThreads, output, stream, true,
+                       "launch of o_proj's ProductKernel");
 }
 
 }  // namespace

@@ -274,13 +274,6 @@ __global__ void __launch_bounds__(kOutThreads) MlaTokenOutKernel(OutArgs a) {
   }
 }
 
-// kernel<<<grid, threads>>>(args) as a programmatic dependent of the stream's previous kernel.
-template <typename Args>
-ffi::Error LaunchAfterPrevious(void (*kernel)(Args), dim3 grid, int threads, const Args& args, cudaStream_t stream,
-                               const char* what) {
-  return CudaStatus(LaunchDependent(kernel, grid, dim3(threads), 0, stream, true, args), what);
-}
-
 ffi::Error MlaToken(cudaStream_t stream, ffi::Buffer<ffi::BF16> x, ffi::Buffer<ffi::BF16> norm,
                     ffi::Buffer<ffi::BF16> w_in, ffi::Buffer<ffi::BF16> kv_norm, ffi::Buffer<ffi::BF16> w_kv,
                     ffi::Buffer<ffi::BF16> wo, ffi::Buffer<ffi::F32> cos, ffi::Buffer<ffi::F32> sin,
@@ -348,8 +341,8 @@ ffi::Error MlaToken(cudaStream_t stream, ffi::Buffer<ffi::BF16> x, ffi::Buffer<f
                       layer.typed_data(), position.typed_data(), res(ckv_out), res(kpe_out), res(q_latent),
                       res(q_rope), static_cast<int>(batch), static_cast<int>(heads), static_cast<int>(width),
                       static_cast<int>(max_len), static_cast<int>(layers), latent_eps, interleaved};
-  TE_ASYNC_RETURN_IF_ERROR(LaunchAfterPrevious(MlaTokenPrepKernel, dim3(heads * kLatentBlocks + 1, batch), kThreads,
-                                               prep, stream, "launch of MlaTokenPrepKernel"));
+  TE_ASYNC_RETURN_IF_ERROR(LaunchChained(MlaTokenPrepKernel, dim3(heads * kLatentBlocks + 1, batch), kThreads, prep,
+                                         stream, true, "launch of MlaTokenPrepKernel"));
 
   decode_attention_kernels::Args attend{
       res(q_latent), res(q_rope), res(ckv_out), res(kpe_out), res(ckv_out), layer.typed_data(),
@@ -362,13 +355,13 @@ ffi::Error MlaToken(cudaStream_t stream, ffi::Buffer<ffi::BF16> x, ffi::Buffer<f
 
   const OutArgs merge{partial->typed_data(), in(w_kv), attention->typed_data(), static_cast<int>(heads),
                       static_cast<int>(splits)};
-  TE_ASYNC_RETURN_IF_ERROR(LaunchAfterPrevious(MlaTokenOutKernel, dim3(heads * kParts, batch), kOutThreads, merge,
-                                               stream, "launch of MlaTokenOutKernel"));
+  TE_ASYNC_RETURN_IF_ERROR(LaunchChained(MlaTokenOutKernel, dim3(heads * kParts, batch), kOutThreads, merge, stream,
+                                         true, "launch of MlaTokenOutKernel"));
   const ProductArgs output{nullptr, attention->typed_data(), nullptr, in(wo), in(x), res(out), static_cast<int>(batch),
                            static_cast<int>(heads * kValue), static_cast<int>(hidden), 0.f};
-  return LaunchAfterPrevious(ProductKernel<kOutputColumns, kOutputThreads, kMlaTokenMaxHidden, kParts>,
-                             dim3(hidden / kOutputColumns, pairs), kOutputThreads, output, stream,
-                             "launch of o_proj's ProductKernel");
+  return LaunchChained(ProductKernel<kOutputColumns, kOutputThreads, kMlaTokenMaxHidden, kParts>,
+                       dim3(hidden / kOutputColumns, pairs), kOutputThreads, output, stream, true,
+                       "launch of o_proj's ProductKernel");
 }
 
 }  // namespace

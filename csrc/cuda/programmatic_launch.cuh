@@ -10,6 +10,7 @@
 #include <cuda_runtime.h>
 
 #include "cuda/cluster_launch.h"
+#include "cuda/cuda_check.h"
 
 namespace te_async {
 
@@ -54,6 +55,14 @@ template <typename... Params, typename... Args>
 cudaError_t LaunchDependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream,
                             bool after_previous, const Args&... args) {
   return LaunchDependentClusters(kernel, grid, block, shared_bytes, stream, after_previous, 1, args...);
+}
+
+// kernel<<<grid, threads, 0, stream>>>(args), a programmatic dependent of the stream's previous kernel
+// where after_previous; a failed launch is an FFI error naming `what` (the token calls' chains).
+template <typename Args>
+xla::ffi::Error LaunchChained(void (*kernel)(Args), dim3 grid, int threads, const Args& args, cudaStream_t stream,
+                              bool after_previous, const char* what) {
+  return CudaStatus(LaunchDependent(kernel, grid, dim3(threads), 0, stream, after_previous, args), what);
 }
 
 }  // namespace te_async
