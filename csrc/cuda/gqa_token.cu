@@ -15,7 +15,7 @@
 //   3. CombineKernel, the merge of the key splits, launched while the splits run.
 //   4. ProductKernel with a residual, block (16 columns, two sequences): x + o_proj over the heads'
 //      outputs. It loads o_proj's rows before it waits, but starts only when the merge has ended:
-//      CombineKernel does not start its dependents (docs/trials/2026-12-07-gqa-block-prefetch).
+//      CombineKernel does not start its dependents (docs/trials/2026-12-07-gqa-block-products).
 //
 // At batch 1 XLA ran step 1 as about five kernels (the norms, the rope, two cache updates) between
 // the input projections and decode_attention's call, each launched after the one before had ended,
