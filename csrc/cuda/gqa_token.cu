@@ -3,9 +3,8 @@
 // (programmatic_launch.cuh). GqaToken runs kernels 1-3, from the input projections' output to the
 // heads' outputs; GqaTokenBlock the whole attention half of a decoder layer, 0-4:
 //
-//   0. SlicedProductKernel with a norm weight (token_product.cuh), block (a slice of the rows, 128
-//      columns, two sequences) in clusters of a tile's slices: input_layernorm of the residual stream x
-//      and its product with w_in (q, k and v side by side).
+//   0. ProductKernel with a norm weight (token_product.cuh), block (32 columns, two sequences):
+//      input_layernorm of the residual stream x and its product with w_in (q, k and v side by side).
 //   1. GqaTokenPrepKernel, block (head, sequence) of one thread a dim: a query head gets its per-head
 //      RMSNorm (Qwen3's q_norm, where given) and the rope and becomes the split kernel's query; a kv
 //      head gets k_norm and the rope, and goes with its value into the stacked cache at (layer, b,
@@ -15,7 +14,10 @@
 //   3. CombineKernel, the merge of the key splits, launched while the splits run.
 //   4. ProductKernel with a residual, block (16 columns, two sequences): x + o_proj over the heads'
 //      outputs. It loads o_proj's rows before it waits, but starts only when the merge has ended:
-//      CombineKernel does not start its dependents (docs/trials/2026-12-07-gqa-block-products).
+//      CombineKernel does not start its dependents. Letting it start them (stop 69) made these
+//      blocks (one an SM) resident during the attention, which then took 10 us longer
+//      (docs/results/2026-12-07-h100-gqa-block-products; the lighter o_proj prepared in
+//      docs/trials/2026-12-08-gqa-block-oproj-streamed).
 //
 // At batch 1 XLA ran step 1 as about five kernels (the norms, the rope, two cache updates) between
 // the input projections and decode_attention's call, each launched after the one before had ended,
@@ -37,7 +39,6 @@
 #include "cuda/cuda_check.h"
 #include "cuda/decode_attention.h"
 #include "cuda/decode_attention_kernels.cuh"
-#include "cuda/device_gemm.h"
 #include "cuda/gqa_token.h"
 #include "cuda/handlers.h"
 #include "cuda/norm_rope.cuh"
@@ -60,17 +61,17 @@ static_assert(kDecodeAttentionShapes[kShape].rope_dims == 0 && kDecodeAttentionS
 constexpr int kHalf = kHeadDim / 2;
 constexpr int kMaxRows = kDecodeAttentionMaxRows;  // the split kernel's query rows: heads per kv head
 constexpr int kWarps = kHeadDim / 32;
-// The block's products (token_product.cuh): the input projections streamed by SlicedProductKernel
-// (Qwen3's w_in, 21 MB, is more than one wave of ProductKernel's blocks hold in registers: 1.2 waves
-// of 160, 13.6 us in table GB); o_proj by ProductKernel, 16 columns in 256 threads, one block an SM at
-// 32 rows a thread (Qwen3's 4096 rows: 128 blocks, one wave), its rows loaded before it waits.
+// The block's products (token_product.cuh): the input projections 32 columns in 512 threads, as
+// mla_token.cu's (one block an SM: 1.2 waves for Qwen3's 5120 columns on 132 SMs); o_proj 16 in 256,
+// one block an SM at 32 rows a thread (Qwen3's 4096 rows).
 using token_product::kProductGroups;
 using token_product::kProductSeqs;
-using token_product::kSliceColumns;
 using token_product::ProductArgs;
+constexpr int kInputColumns = 32, kInputThreads = kProductGroups * kInputColumns / 8;
 constexpr int kOutputColumns = 16, kOutputThreads = kProductGroups * kOutputColumns / 8;
 static_assert(kGqaTokenBlockRowStep == kProductGroups && kGqaTokenBlockRowStep % kOutputColumns == 0 &&
-                  kHeadDim % kSliceColumns == 0 && kGqaTokenBlockMaxRows % kOutputThreads == 0,
+                  kHeadDim % kInputColumns == 0 && kGqaTokenBlockMaxHidden % kInputThreads == 0 &&
+                  kGqaTokenBlockMaxRows % kOutputThreads == 0,
               "whole blocks");
 
 struct PrepArgs {
@@ -230,22 +231,13 @@ ffi::Error GqaTokenBlock(cudaStream_t stream, BF16Buffer x, BF16Buffer norm, BF1
       TE_ASYNC_CUDA(cudaMemsetAsync((*r)->untyped_data(), 0xff, (*r)->size_bytes(), stream));
     }
   }
-  int device = 0;
-  TE_ASYNC_CUDA(cudaGetDevice(&device));
-  const auto info = QueryDevice(device);
-  if (info.has_error()) return info.error();
   const int pairs = static_cast<int>((batch + kProductSeqs - 1) / kProductSeqs);
-  const int tiles = static_cast<int>(width / kSliceColumns);
-  const int slice_rows = token_product::SliceRows(static_cast<int>(hidden), tiles * pairs, info->sm_count,
-                                                  info->compute_capability);
-  const int slices = static_cast<int>((hidden + slice_rows - 1) / slice_rows);
   const ProductArgs input{In(x), nullptr, In(norm), In(w_in), nullptr, Out(projected), static_cast<int>(batch),
                           static_cast<int>(hidden), static_cast<int>(width), eps};
   const auto input_projections = [&] {
-    return CudaStatus(LaunchDependentClusters(token_product::SlicedProductKernel<kGqaTokenBlockMaxHidden, 1>,
-                                              dim3(slices, tiles, pairs), dim3(token_product::kSliceThreads), 0,
-                                              stream, false, slices, input, slice_rows),
-                      "launch of the input projections' SlicedProductKernel");
+    return LaunchChained(token_product::ProductKernel<kInputColumns, kInputThreads, kGqaTokenBlockMaxHidden, 1>,
+                         dim3(width / kInputColumns, pairs), kInputThreads, input, stream, false,
+                         "launch of the input projections' ProductKernel");
   };
   TE_ASYNC_RETURN_IF_ERROR(Attention(stream, Out(projected), projected->dimensions(), q_norm, k_norm, cos, sin,
                                      k_cache, v_cache, layer, position, heads_out, k_out, v_out, q, partial, scale,
