@@ -4,6 +4,10 @@
 #   left                            seconds left
 #   step <seconds> <log> <command>  the command from /, at most <seconds> and never past the limit,
 #                                   output appended to <log>; skipped (noted in $L) with under 25 s left
+#   wheels <name>...                each .gpubuild/<name>/te_async-*.whl installed in /tmp/w_<name>, with the
+#                                   tree's Python copied over it (a trial's wheels: tools/build_device_wheel.sh)
+#   gpu_tests <name> <log> <seconds> <pytest args>...
+#                                   pytest on wheel <name>, poisoned outputs, a line with its result in $L
 T0=${T0:-$SECONDS}
 LIMIT=${LIMIT:-575}
 left() { echo $((LIMIT - (SECONDS - T0))); }
@@ -15,4 +19,19 @@ step() {
   if [ "$t" -lt 25 ]; then echo "skipped (no time): $*" >> "$L"; return 1; fi
   [ "$want" -gt $((t - 10)) ] && want=$((t - 10))
   (cd / && timeout "$want" "$@") >> "$log" 2>&1
+}
+wheels() {
+  local w
+  for w in "$@"; do
+    python3 -m pip install -q --no-deps --target /tmp/w_$w $(ls .gpubuild/$w/te_async-*.whl) > /tmp/install_$w.log 2>&1
+    for d in . bench models; do cp te_async/$d/*.py /tmp/w_$w/te_async/$d/; done
+  done
+}
+gpu_tests() {
+  local w=$1 log=$2 secs=$3
+  shift 3
+  PYTHONPATH=/tmp/w_$w TE_ASYNC_POISON_OUTPUTS=1 XLA_PYTHON_CLIENT_PREALLOCATE=false step "$secs" "$log" python3 -P \
+    -m pytest -q -p no:cacheprovider --rootdir="$PWD" "$@"
+  echo "$(basename "$log") (at $((SECONDS - T0)) s): $(tail -1 "$log")" >> "$L"
+  grep -E "^(FAILED|ERROR)|^E  " "$log" | head -20 >> "$L"
 }

@@ -10,25 +10,16 @@ S=$PWD; R=/tmp/gqaoproj; rm -rf $R; mkdir -p $R; L=$OUT/summary.txt
 export TE_ASYNC_COMMIT=${TE_ASYNC_COMMIT:-unknown}
 . tools/device_call.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee $R/gpu.txt > $L
-for w in base streamed; do
-  python3 -m pip install -q --no-deps --target /tmp/w_$w $(ls .gpubuild/$w/te_async-*.whl) > $R/install_$w.log 2>&1
-  for d in . bench models; do cp te_async/$d/*.py /tmp/w_$w/te_async/$d/; done
-done
+wheels base streamed
 gen() {  # gen <wheel> <run>
   PYTHONPATH=/tmp/w_$1 XLA_FLAGS=--xla_enable_command_buffers_during_profiling=true XLA_PYTHON_CLIENT_MEM_FRACTION=0.9 \
     step 45 $R/gen_$1_$2.log python3 -P -m te_async.bench generate --preset qwen3-30b-a3b --layers 24 \
     --batches 1 --modes device --steps 60 --no-plots --out $R/gen_$1_$2
   echo "$1 $2 (at $((SECONDS - T0)) s): $(grep -E '^\| [0-9]' $R/gen_$1_$2/generate.md 2>/dev/null)" >> $L
 }
-t() {  # t <wheel> <log> <seconds> <pytest args...>
-  local w=$1 log=$2 secs=$3; shift 3
-  PYTHONPATH=/tmp/w_$w TE_ASYNC_POISON_OUTPUTS=1 XLA_PYTHON_CLIENT_PREALLOCATE=false step $secs $R/$log python3 -P \
-    -m pytest -q -p no:cacheprovider --rootdir=$S "$@"
-  echo "$log (at $((SECONDS - T0)) s): $(tail -1 $R/$log)" >> $L; grep -E "^(FAILED|ERROR)|^E  " $R/$log | head -20 >> $L
-}
 gen base 1; gen streamed 1
 for w in base streamed; do echo "trip, $w:" >> $L; sed -n '/One trip/,$p' $R/gen_${w}_1/generate_timeline_B1_kernels.md >> $L 2>/dev/null; done
-t streamed tests.log 150 -n 4 $S/tests/test_gqa_token.py $S/tests/test_mla_token.py $S/tests/test_decode_attention.py
+gpu_tests streamed $R/tests.log 150 -n 4 $S/tests/test_gqa_token.py $S/tests/test_mla_token.py $S/tests/test_decode_attention.py
 gen streamed 2; gen base 2
 PYTHONPATH=/tmp/w_streamed TE_ASYNC_POISON_OUTPUTS=1 step 90 $R/memcheck.log compute-sanitizer --tool memcheck \
   --print-limit 20 python3 -P -m pytest -q -p no:cacheprovider --rootdir=$S $S/tests/test_gqa_token.py -k "block and not model"
