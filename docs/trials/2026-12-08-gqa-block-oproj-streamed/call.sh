@@ -2,8 +2,9 @@
 # The trial of README.md, one device call (about 5 minutes): bench generate Qwen3-30B-A3B (24 layers) B=1,
 # each run profiled, main's wheel ("base") against main + oproj_streamed.patch ("streamed"), alternating
 # twice; the GPU tests (poisoned outputs) of the calls that use token_product.cuh and decode_attention's
-# kernels on streamed; memcheck of the block's kernel tests on streamed. Ordered so that a short call
-# gets one pair and the tests first; what does not fit is skipped (tools/device_call.sh's LIMIT).
+# kernels on streamed; product_probe.cu (the two products alone in every form); memcheck of the block's
+# kernel tests on streamed. Ordered so that a short call gets one pair and the tests first; what does
+# not fit is skipped (tools/device_call.sh's LIMIT).
 # Carry .gpubuild (.gpubuild/base and .gpubuild/streamed, README: how to build them).
 set -u
 S=$PWD; R=/tmp/gqaoproj; rm -rf $R; mkdir -p $R; L=$OUT/summary.txt
@@ -20,10 +21,15 @@ gen() {  # gen <wheel> <run>
 gen base 1; gen streamed 1
 for w in base streamed; do echo "trip, $w:" >> $L; sed -n '/One trip/,$p' $R/gen_${w}_1/generate_timeline_B1_kernels.md >> $L 2>/dev/null; done
 gpu_tests streamed $R/tests.log 150 -n 4 $S/tests/test_gqa_token.py $S/tests/test_mla_token.py $S/tests/test_decode_attention.py
+# the two products alone, each form (product_probe.cu, against the patched header; the tree here is a copy)
+git apply docs/trials/2026-12-08-gqa-block-oproj-streamed/oproj_streamed.patch && step 60 $R/probe.log nvcc -O3 -std=c++17 \
+  -arch=sm_90a --expt-relaxed-constexpr -I$S/csrc -I$(python3 -c "import jax.ffi; print(jax.ffi.include_dir())") \
+  $S/docs/trials/2026-12-08-gqa-block-oproj-streamed/product_probe.cu -o $R/probe && step 30 $R/probe.log $R/probe
+echo "probe (at $((SECONDS - T0)) s):" >> $L; grep -E " us " $R/probe.log >> $L
 gen streamed 2; gen base 2
 PYTHONPATH=/tmp/w_streamed TE_ASYNC_POISON_OUTPUTS=1 step 90 $R/memcheck.log compute-sanitizer --tool memcheck \
   --print-limit 20 python3 -P -m pytest -q -p no:cacheprovider --rootdir=$S $S/tests/test_gqa_token.py -k "block and not model"
 echo "memcheck (at $((SECONDS - T0)) s): $(grep -E 'passed|failed' $R/memcheck.log | tail -1) / $(grep 'ERROR SUMMARY' $R/memcheck.log | tail -1)" >> $L
 echo "=== done at $((SECONDS - T0)) s" >> $L
-gzip -f $R/*.log; tar czf $OUT/results.tgz -C $R --exclude=traces .
+gzip -f $R/*.log; tar czf $OUT/results.tgz -C $R --exclude=traces --exclude=probe .
 cat $L
