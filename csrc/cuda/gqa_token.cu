@@ -61,14 +61,15 @@ static_assert(kDecodeAttentionShapes[kShape].rope_dims == 0 && kDecodeAttentionS
 constexpr int kHalf = kHeadDim / 2;
 constexpr int kMaxRows = kDecodeAttentionMaxRows;  // the split kernel's query rows: heads per kv head
 constexpr int kWarps = kHeadDim / 32;
-// The block's products (token_product.cuh): the input projections 32 columns in 512 threads, as
-// mla_token.cu's (one block an SM: 1.2 waves for Qwen3's 5120 columns on 132 SMs); o_proj 16 in 256,
-// one block an SM at 32 rows a thread (Qwen3's 4096 rows).
+// The block's products (token_product.cuh's widths, as mla_token.cu's): the input projections one block
+// an SM (1.2 waves for Qwen3's 5120 columns on 132 SMs); o_proj one block an SM at 32 rows a thread
+// (Qwen3's 4096 rows).
+using token_product::kInputColumns;
+using token_product::kInputThreads;
+using token_product::kOutputColumns;
+using token_product::kOutputThreads;
 using token_product::kProductGroups;
-using token_product::kProductSeqs;
 using token_product::ProductArgs;
-constexpr int kInputColumns = 32, kInputThreads = kProductGroups * kInputColumns / 8;
-constexpr int kOutputColumns = 16, kOutputThreads = kProductGroups * kOutputColumns / 8;
 static_assert(kGqaTokenBlockRowStep == kProductGroups && kGqaTokenBlockRowStep % kOutputColumns == 0 &&
                   kHeadDim % kInputColumns == 0 && kGqaTokenBlockMaxHidden % kInputThreads == 0 &&
                   kGqaTokenBlockMaxRows % kOutputThreads == 0,
@@ -231,22 +232,19 @@ ffi::Error GqaTokenBlock(cudaStream_t stream, BF16Buffer x, BF16Buffer norm, BF1
       TE_ASYNC_CUDA(cudaMemsetAsync((*r)->untyped_data(), 0xff, (*r)->size_bytes(), stream));
     }
   }
-  const int pairs = static_cast<int>((batch + kProductSeqs - 1) / kProductSeqs);
   const ProductArgs input{In(x), nullptr, In(norm), In(w_in), nullptr, Out(projected), static_cast<int>(batch),
                           static_cast<int>(hidden), static_cast<int>(width), eps};
   const auto input_projections = [&] {
-    return LaunchChained(token_product::ProductKernel<kInputColumns, kInputThreads, kGqaTokenBlockMaxHidden, 1>,
-                         dim3(width / kInputColumns, pairs), kInputThreads, input, stream, false,
-                         "launch of the input projections' ProductKernel");
+    return token_product::LaunchProduct<kInputColumns, kGqaTokenBlockMaxHidden, 1>(
+        input, stream, false, "launch of the input projections' ProductKernel");
   };
   TE_ASYNC_RETURN_IF_ERROR(Attention(stream, Out(projected), projected->dimensions(), q_norm, k_norm, cos, sin,
                                      k_cache, v_cache, layer, position, heads_out, k_out, v_out, q, partial, scale,
                                      window, eps, input_projections));
   const ProductArgs output{Out(heads_out), nullptr, nullptr, In(wo), In(x), Out(out), static_cast<int>(batch),
                            static_cast<int>(rows), static_cast<int>(hidden), 0.f};
-  return LaunchChained(token_product::ProductKernel<kOutputColumns, kOutputThreads, kGqaTokenBlockMaxRows, 1>,
-                       dim3(hidden / kOutputColumns, pairs), kOutputThreads, output, stream, true,
-                       "launch of o_proj's ProductKernel");
+  return token_product::LaunchProduct<kOutputColumns, kGqaTokenBlockMaxRows, 1>(output, stream, true,
+                                                                                "launch of o_proj's ProductKernel");
 }
 
 }  // namespace

@@ -58,11 +58,12 @@ namespace {
 namespace ffi = xla::ffi;
 using bf16 = __nv_bfloat16;
 using token_product::ColumnSums;
+using token_product::kInputColumns;
+using token_product::kOutputColumns;
 using token_product::kProductGroups;
-using token_product::kProductSeqs;
+using token_product::LaunchProduct;
 using token_product::LoadRows;
 using token_product::ProductArgs;
-using token_product::ProductKernel;
 
 constexpr int kNope = kMlaDecodeDims.nope, kRope = kMlaDecodeDims.rope;
 constexpr int kLatent = kMlaDecodeDims.latent, kValue = kMlaDecodeDims.value;
@@ -86,12 +87,9 @@ constexpr int kMergeAhead = 8;                            // of which the first 
 constexpr int kPartVectors = kPartColumns / 8;            // W_uv thread (g, v): 16-byte vector v of the part
 constexpr int kPartRowGroups = kOutThreads / kPartVectors;  // of rows g, g + kPartRowGroups, ...
 constexpr int kPartRows = kValue / kPartRowGroups;
-// ProductKernel's blocks, kernels 0 and 4: thread (g, v) of a block owns 16-byte column vector v and
-// rows g, g + kProductGroups, ... The input projections take 32 columns in 512 threads, 64 bytes of
-// each weight row (9.0 us for 15 MB at B=1; 16 columns, 32 bytes a row, 9.7); o_proj 16 in 256, so
-// that its blocks fit beside the attention's, during which they load their rows.
-constexpr int kInputColumns = 32, kInputThreads = kProductGroups * kInputColumns / 8;
-constexpr int kOutputColumns = 16, kOutputThreads = kProductGroups * kOutputColumns / 8;
+// ProductKernel's blocks, kernels 0 and 4 (token_product.cuh's widths): thread (g, v) of a block owns
+// 16-byte column vector v and rows g, g + kProductGroups, ...; o_proj's blocks fit beside the
+// attention's, during which they load their rows.
 constexpr int kLatentPerThread = kLatent / kThreads;
 // The split kernel's warps: 8 take a 64-key tile, so that at one sequence each of the 64 splits
 // attends one tile (4 warps took two 32-key tiles one after the other, 14.5 us at DeepSeek-V2-Lite's
@@ -332,10 +330,8 @@ ffi::Error MlaToken(cudaStream_t stream, ffi::Buffer<ffi::BF16> x, ffi::Buffer<f
   }
   const ProductArgs input{in(x), nullptr, in(norm), in(w_in), nullptr, res(projected), static_cast<int>(batch),
                           static_cast<int>(hidden), static_cast<int>(width), eps};
-  const int pairs = static_cast<int>((batch + kProductSeqs - 1) / kProductSeqs);
-  ProductKernel<kInputColumns, kInputThreads, kMlaTokenMaxHidden, kParts>
-      <<<dim3(width / kInputColumns, pairs), kInputThreads, 0, stream>>>(input);
-  TE_ASYNC_RETURN_IF_ERROR(CudaStatus(cudaGetLastError(), "launch of the input projections' ProductKernel"));
+  TE_ASYNC_RETURN_IF_ERROR((LaunchProduct<kInputColumns, kMlaTokenMaxHidden, kParts>(
+      input, stream, false, "launch of the input projections' ProductKernel")));
 
   const PrepArgs prep{res(projected), in(kv_norm), in(w_kv), cos.typed_data(), sin.typed_data(),
                       layer.typed_data(), position.typed_data(), res(ckv_out), res(kpe_out), res(q_latent),
@@ -359,9 +355,8 @@ ffi::Error MlaToken(cudaStream_t stream, ffi::Buffer<ffi::BF16> x, ffi::Buffer<f
                                          true, "launch of MlaTokenOutKernel"));
   const ProductArgs output{nullptr, attention->typed_data(), nullptr, in(wo), in(x), res(out), static_cast<int>(batch),
                            static_cast<int>(heads * kValue), static_cast<int>(hidden), 0.f};
-  return LaunchChained(ProductKernel<kOutputColumns, kOutputThreads, kMlaTokenMaxHidden, kParts>,
-                       dim3(hidden / kOutputColumns, pairs), kOutputThreads, output, stream, true,
-                       "launch of o_proj's ProductKernel");
+  return LaunchProduct<kOutputColumns, kMlaTokenMaxHidden, kParts>(output, stream, true,
+                                                                   "launch of o_proj's ProductKernel");
 }
 
 }  // namespace

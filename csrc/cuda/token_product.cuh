@@ -175,5 +175,23 @@ __global__ void __launch_bounds__(kBlockThreads) ProductKernel(ProductArgs a) {
   }
 }
 
+// The chained token calls' two products (mla_token.cu, gqa_token.cu): the input projections take 32
+// columns in 512 threads, 64 bytes of each weight row (DeepSeek-V2-Lite's 15 MB at B=1: 9.0 us; 16
+// columns, 32 bytes a row, 9.7); o_proj 16 in 256, so that its blocks are small enough to sit beside
+// the attention's where the call lets them start early (mla_token.cu).
+constexpr int kInputColumns = 32, kInputThreads = kProductGroups * kInputColumns / 8;
+constexpr int kOutputColumns = 16, kOutputThreads = kProductGroups * kOutputColumns / 8;
+
+// ProductKernel over all of a's columns and sequences, kColumns columns a block (a programmatic
+// dependent of the stream's previous kernel where after_previous); a failed launch is an FFI error
+// naming `what`.
+template <int kColumns, int kMaxHidden, int kParts>
+xla::ffi::Error LaunchProduct(const ProductArgs& a, cudaStream_t stream, bool after_previous, const char* what) {
+  constexpr int kThreads = kProductGroups * kColumns / 8;
+  const dim3 grid(a.cols / kColumns, (a.batch + kProductSeqs - 1) / kProductSeqs);
+  return LaunchChained(ProductKernel<kColumns, kThreads, kMaxHidden, kParts>, grid, kThreads, a, stream,
+                       after_previous, what);
+}
+
 }  // namespace token_product
 }  // namespace te_async
