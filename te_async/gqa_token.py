@@ -47,6 +47,10 @@ AUTO_MAX_BATCH = 1
 # block and read the weights once per pair. Qwen3-30B-A3B (24 layers), B=8, the block forced, one
 # H100: 5.742 ms a token in generate's loop against 3.927 unfused (docs/benchmarks.md, table GB).
 BLOCK_MAX_BATCH = 2
+# What both calls need (applies), for their errors.
+_CALL_NEEDS = ("a GPU of compute capability 9.0 or later with te_async's CUDA module, bf16, one token per sequence, "
+               "heads of the dims of DECODE_ATTENTION_SHAPES' grouped-query shape, at most DECODE_ATTENTION_MAX_ROWS "
+               "(16) query heads per kv head")
 
 
 def applies(projected: jax.Array, k_cache: jax.Array, v_cache: jax.Array, heads: int,
@@ -124,10 +128,8 @@ def gqa_token_attention(projected: jax.Array, k_cache: jax.Array, v_cache: jax.A
     """
     norms = _norms(q_norm, k_norm)
     if not applies(projected, k_cache, v_cache, heads, norms):
-        raise ValueError(f"gqa_token_attention needs a GPU of compute capability 9.0 or later with te_async's CUDA "
-                         f"module, bf16, one token per sequence, heads of the dims of DECODE_ATTENTION_SHAPES' "
-                         f"grouped-query shape, at most DECODE_ATTENTION_MAX_ROWS (16) query heads per kv head and "
-                         f"projected [B, 1, (heads + 2 Hkv) d]; got projected {projected.dtype} {projected.shape}, "
+        raise ValueError(f"gqa_token_attention needs {_CALL_NEEDS} and projected [B, 1, (heads + 2 Hkv) d]; got "
+                         f"projected {projected.dtype} {projected.shape}, "
                          f"heads {heads}, k_cache {k_cache.dtype} {k_cache.shape}, v_cache {v_cache.shape}, norms "
                          f"{[(n.dtype, n.shape) for n in norms]}")
     check_window_and_layer(window, layer, k_cache.shape[0])
@@ -154,9 +156,8 @@ def gqa_token_block(x: jax.Array, norm: jax.Array, w_in: jax.Array, wo: jax.Arra
     """
     norms = _norms(q_norm, k_norm)
     if not block_applies(x, w_in, wo, k_cache, v_cache, heads, norms):
-        raise ValueError(f"gqa_token_block needs what gqa_token_attention needs (a GPU of compute capability 9.0 or "
-                         f"later, bf16, one token per sequence, heads of 128 dims, at most 16 query heads per kv "
-                         f"head), x [B, 1, hidden], w_in [hidden, (heads + 2 Hkv) d] and wo [heads d, hidden] with "
+        raise ValueError(f"gqa_token_block needs what gqa_token_attention needs ({_CALL_NEEDS}), x [B, 1, hidden], "
+                         f"w_in [hidden, (heads + 2 Hkv) d] and wo [heads d, hidden] with "
                          f"(step, most hidden, most heads d) GQA_TOKEN_BLOCK_ROWS "
                          f"{getattr(_ffi.cuda_module(), 'GQA_TOKEN_BLOCK_ROWS', None)}; got x {x.dtype} {x.shape}, "
                          f"w_in {w_in.dtype} {w_in.shape}, wo {wo.dtype} {wo.shape}, heads {heads}, k_cache "
