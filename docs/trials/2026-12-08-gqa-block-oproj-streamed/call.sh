@@ -11,24 +11,25 @@ S=$PWD; R=/tmp/gqaoproj; rm -rf $R; mkdir -p $R; L=$OUT/summary.txt
 export TE_ASYNC_COMMIT=${TE_ASYNC_COMMIT:-unknown}
 . tools/device_call.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee $R/gpu.txt > $L
-wheels base streamed
+wheels base streamed streamed_route
 gen() {  # gen <wheel> <run>
   PYTHONPATH=/tmp/w_$1 XLA_FLAGS=--xla_enable_command_buffers_during_profiling=true XLA_PYTHON_CLIENT_MEM_FRACTION=0.9 \
     step 45 $R/gen_$1_$2.log python3 -P -m te_async.bench generate --preset qwen3-30b-a3b --layers 24 \
     --batches 1 --modes device --steps 60 --no-plots --out $R/gen_$1_$2
   echo "$1 $2 (at $((SECONDS - T0)) s): $(grep -E '^\| [0-9]' $R/gen_$1_$2/generate.md 2>/dev/null)" >> $L
 }
-gen base 1; gen streamed 1
-for w in base streamed; do echo "trip, $w:" >> $L; sed -n '/One trip/,$p' $R/gen_${w}_1/generate_timeline_B1_kernels.md >> $L 2>/dev/null; done
-gpu_tests streamed $R/tests.log 150 -n 4 $S/tests/test_gqa_token.py $S/tests/test_mla_token.py $S/tests/test_decode_attention.py
+gen base 1; gen streamed 1; gen streamed_route 1
+for w in base streamed streamed_route; do echo "trip, $w:" >> $L; sed -n '/One trip/,$p' $R/gen_${w}_1/generate_timeline_B1_kernels.md >> $L 2>/dev/null; done
+gpu_tests streamed_route $R/tests.log 150 -n 4 $S/tests/test_gqa_token.py $S/tests/test_mla_token.py $S/tests/test_decode_attention.py \
+  $S/tests/test_token_moe.py
 # the two products alone, each form (product_probe.cu, against the patched header; the tree here is a copy)
 git apply docs/trials/2026-12-08-gqa-block-oproj-streamed/oproj_streamed.patch && step 60 $R/probe.log nvcc -O3 -std=c++17 \
   -arch=sm_90a --expt-relaxed-constexpr -I$S/csrc -I$(python3 -c "import jax.ffi; print(jax.ffi.include_dir())") \
   $S/docs/trials/2026-12-08-gqa-block-oproj-streamed/product_probe.cu -o $R/probe && step 30 $R/probe.log $R/probe
 echo "probe (at $((SECONDS - T0)) s):" >> $L; grep -E " us " $R/probe.log >> $L
-gen streamed 2; gen base 2
-PYTHONPATH=/tmp/w_streamed TE_ASYNC_POISON_OUTPUTS=1 step 90 $R/memcheck.log compute-sanitizer --tool memcheck \
-  --print-limit 20 python3 -P -m pytest -q -p no:cacheprovider --rootdir=$S $S/tests/test_gqa_token.py -k "block and not model"
+gen streamed_route 2; gen streamed 2; gen base 2
+PYTHONPATH=/tmp/w_streamed_route TE_ASYNC_POISON_OUTPUTS=1 step 90 $R/memcheck.log compute-sanitizer --tool memcheck \
+  --print-limit 20 python3 -P -m pytest -q -p no:cacheprovider --rootdir=$S $S/tests/test_gqa_token.py $S/tests/test_token_moe.py -k "block and not model or kernels"
 echo "memcheck (at $((SECONDS - T0)) s): $(grep -E 'passed|failed' $R/memcheck.log | tail -1) / $(grep 'ERROR SUMMARY' $R/memcheck.log | tail -1)" >> $L
 echo "=== done at $((SECONDS - T0)) s" >> $L
 gzip -f $R/*.log; tar czf $OUT/results.tgz -C $R --exclude=traces --exclude=probe .
