@@ -22,15 +22,23 @@ gen base 1; gen streamed 1; gen streamed_route 1
 for w in base streamed streamed_route; do echo "trip, $w:" >> $L; sed -n '/One trip/,$p' $R/gen_${w}_1/generate_timeline_B1_kernels.md >> $L 2>/dev/null; done
 gpu_tests streamed_route $R/tests.log 150 -n 4 $S/tests/test_gqa_token.py $S/tests/test_mla_token.py $S/tests/test_decode_attention.py \
   $S/tests/test_token_moe.py
+gen streamed_route 2; gen streamed 2; gen base 2
+# RouteTokenKernel's phases alone at Qwen3's router (route_phases.py: %globaltimer stamps), main's and the patch's
+T=$S/docs/trials/2026-12-08-gqa-block-oproj-streamed; cd $R
+python3 $T/route_phases.py $S/csrc/cuda/token_ffn.cu base && (cd $S && git apply $T/route_preload.patch) &&
+  python3 $T/route_phases.py $S/csrc/cuda/token_ffn.cu route; (cd $S && git apply -R $T/route_preload.patch); cd $S
+for n in base route; do step 90 $R/route_phases_build.log nvcc -std=c++17 -arch=sm_90a -O3 -diag-suppress 940,2473,177 \
+  --expt-relaxed-constexpr -I$S/csrc -I$(python3 -c "import jax.ffi; print(jax.ffi.include_dir())") -DPROBE_E=128 -DPROBE_K=8 -DPROBE_SLOTS=4 -DPROBE_RENORM=true -o $R/rp_$n $R/route_phases_$n.cu & done; wait
+for run in 1 2; do for n in base route; do echo "### $n run $run" >> $R/route_phases.txt; step 20 $R/route_phases.txt $R/rp_$n 1; done; done
+echo "route phases (at $((SECONDS - T0)) s):" >> $L; cat $R/route_phases.txt >> $L 2>/dev/null
 # the two products alone, each form (product_probe.cu, against the patched header; the tree here is a copy)
 git apply docs/trials/2026-12-08-gqa-block-oproj-streamed/oproj_streamed.patch && step 60 $R/probe.log nvcc -O3 -std=c++17 \
   -arch=sm_90a --expt-relaxed-constexpr -I$S/csrc -I$(python3 -c "import jax.ffi; print(jax.ffi.include_dir())") \
   $S/docs/trials/2026-12-08-gqa-block-oproj-streamed/product_probe.cu -o $R/probe && step 30 $R/probe.log $R/probe
 echo "probe (at $((SECONDS - T0)) s):" >> $L; grep -E " us " $R/probe.log >> $L
-gen streamed_route 2; gen streamed 2; gen base 2
 PYTHONPATH=/tmp/w_streamed_route TE_ASYNC_POISON_OUTPUTS=1 step 90 $R/memcheck.log compute-sanitizer --tool memcheck \
   --print-limit 20 python3 -P -m pytest -q -p no:cacheprovider --rootdir=$S $S/tests/test_gqa_token.py $S/tests/test_token_moe.py -k "block and not model or kernels"
 echo "memcheck (at $((SECONDS - T0)) s): $(grep -E 'passed|failed' $R/memcheck.log | tail -1) / $(grep 'ERROR SUMMARY' $R/memcheck.log | tail -1)" >> $L
 echo "=== done at $((SECONDS - T0)) s" >> $L
-gzip -f $R/*.log; tar czf $OUT/results.tgz -C $R --exclude=traces --exclude=probe .
+gzip -f $R/*.log; tar czf $OUT/results.tgz -C $R --exclude=traces --exclude=probe --exclude='rp_*' .
 cat $L
