@@ -18,10 +18,11 @@ gen() {  # gen <wheel> <run>
     --batches 1 --modes device --steps 60 --no-plots --out $R/gen_$1_$2
   echo "$1 $2 (at $((SECONDS - T0)) s): $(grep -E '^\| [0-9]' $R/gen_$1_$2/generate.md 2>/dev/null)" >> $L
 }
-gen base 1; gen streamed 1; gen streamed_route 1
-for w in base streamed streamed_route; do echo "trip, $w:" >> $L; sed -n '/One trip/,$p' $R/gen_${w}_1/generate_timeline_B1_kernels.md >> $L 2>/dev/null; done
-gpu_tests streamed_route $R/tests.log 150 -n 4 $S/tests/test_gqa_token.py $S/tests/test_mla_token.py $S/tests/test_decode_attention.py \
-  $S/tests/test_token_moe.py
+FIRST="base streamed streamed_route"; [ "$LIMIT" -lt 300 ] && FIRST="base streamed_route"  # a short call: main against both patches
+for w in $FIRST; do gen $w 1; done
+for w in $FIRST; do echo "trip, $w:" >> $L; sed -n '/One trip/,$p' $R/gen_${w}_1/generate_timeline_B1_kernels.md >> $L 2>/dev/null; done
+gpu_tests streamed_route $R/tests.log 150 -n 4 $S/tests/test_gqa_token.py $S/tests/test_token_moe.py $S/tests/test_mla_token.py \
+  $S/tests/test_decode_attention.py
 gen streamed_route 2; gen streamed 2; gen base 2
 # RouteTokenKernel's phases alone at Qwen3's router (route_phases.py: %globaltimer stamps), main's and the patch's
 T=$S/docs/trials/2026-12-08-gqa-block-oproj-streamed; cd $R
