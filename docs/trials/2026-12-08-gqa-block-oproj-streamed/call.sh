@@ -11,18 +11,19 @@ S=$PWD; R=/tmp/gqaoproj; rm -rf $R; mkdir -p $R; L=$OUT/summary.txt
 export TE_ASYNC_COMMIT=${TE_ASYNC_COMMIT:-unknown}
 . tools/device_call.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee $R/gpu.txt > $L
-wheels base streamed streamed_route
+SHORT=; [ "$LIMIT" -lt 300 ] && SHORT=1  # a short call: main against both patches, their kernels' tests
+if [ -n "$SHORT" ]; then wheels base streamed_route; else wheels base streamed streamed_route; fi
 gen() {  # gen <wheel> <run>
   PYTHONPATH=/tmp/w_$1 XLA_FLAGS=--xla_enable_command_buffers_during_profiling=true XLA_PYTHON_CLIENT_MEM_FRACTION=0.9 \
     step 45 $R/gen_$1_$2.log python3 -P -m te_async.bench generate --preset qwen3-30b-a3b --layers 24 \
     --batches 1 --modes device --steps 60 --no-plots --out $R/gen_$1_$2
   echo "$1 $2 (at $((SECONDS - T0)) s): $(grep -E '^\| [0-9]' $R/gen_$1_$2/generate.md 2>/dev/null)" >> $L
 }
-FIRST="base streamed streamed_route"; [ "$LIMIT" -lt 300 ] && FIRST="base streamed_route"  # a short call: main against both patches
+FIRST="base streamed streamed_route"; [ -n "$SHORT" ] && FIRST="base streamed_route"
 for w in $FIRST; do gen $w 1; done
 for w in $FIRST; do echo "trip, $w:" >> $L; sed -n '/One trip/,$p' $R/gen_${w}_1/generate_timeline_B1_kernels.md >> $L 2>/dev/null; done
-gpu_tests streamed_route $R/tests.log 150 -n 4 $S/tests/test_gqa_token.py $S/tests/test_token_moe.py $S/tests/test_mla_token.py \
-  $S/tests/test_decode_attention.py
+MORE="$S/tests/test_mla_token.py $S/tests/test_decode_attention.py"; [ -n "$SHORT" ] && MORE=
+gpu_tests streamed_route $R/tests.log 150 -n 4 $S/tests/test_gqa_token.py $S/tests/test_token_moe.py $MORE
 gen streamed_route 2; gen streamed 2; gen base 2
 # RouteTokenKernel's phases alone at Qwen3's router (route_phases.py: %globaltimer stamps), main's and the patch's
 T=$S/docs/trials/2026-12-08-gqa-block-oproj-streamed; cd $R
