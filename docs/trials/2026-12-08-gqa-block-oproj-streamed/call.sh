@@ -26,9 +26,11 @@ MORE="$S/tests/test_mla_token.py $S/tests/test_decode_attention.py"; [ -n "$SHOR
 gpu_tests streamed_route $R/tests.log 150 -n 4 $S/tests/test_gqa_token.py $S/tests/test_token_moe.py $MORE
 gen streamed_route 2; gen streamed 2; gen base 2
 # RouteTokenKernel's phases alone at Qwen3's router (route_phases.py: %globaltimer stamps), main's and the patch's
-T=$S/docs/trials/2026-12-08-gqa-block-oproj-streamed; cd $R
-python3 $T/route_phases.py $S/csrc/cuda/token_ffn.cu base && (cd $S && git apply $T/route_preload.patch) &&
-  python3 $T/route_phases.py $S/csrc/cuda/token_ffn.cu route; (cd $S && git apply -R $T/route_preload.patch); cd $S
+# (stop 48's probe, generalised by route_phases_generalised.patch; the tree here is a copy)
+T=$S/docs/trials/2026-12-08-gqa-block-oproj-streamed; P=$S/docs/results/2026-12-04-h200-route-phases/probes
+git apply $T/route_phases_generalised.patch; cd $R
+python3 $P/route_phases.py $S/csrc/cuda/token_ffn.cu base && (cd $S && git apply $T/route_preload.patch) &&
+  python3 $P/route_phases.py $S/csrc/cuda/token_ffn.cu route; (cd $S && git apply -R $T/route_preload.patch); cd $S
 for n in base route; do step 90 $R/route_phases_build.log nvcc -std=c++17 -arch=sm_90a -O3 -diag-suppress 940,2473,177 \
   --expt-relaxed-constexpr -I$S/csrc -I$(python3 -c "import jax.ffi; print(jax.ffi.include_dir())") -DPROBE_E=128 -DPROBE_K=8 -DPROBE_SLOTS=4 -DPROBE_RENORM=true -o $R/rp_$n $R/route_phases_$n.cu & done; wait
 for run in 1 2; do for n in base route; do echo "### $n run $run" >> $R/route_phases.txt; step 20 $R/route_phases.txt $R/rp_$n 1; done; done
