@@ -1,11 +1,13 @@
 #!/bin/bash
-# The trial of README.md, one device call (about 5 minutes): bench generate Qwen3-30B-A3B (24 layers) B=1,
-# each run profiled, main's wheel ("base") against main + oproj_streamed.patch ("streamed"), alternating
-# twice; the GPU tests (poisoned outputs) of the calls that use token_product.cuh and decode_attention's
-# kernels on streamed; product_probe.cu (the two products alone in every form); memcheck of the block's
-# kernel tests on streamed. Ordered so that a short call gets one pair and the tests first; what does
-# not fit is skipped (tools/device_call.sh's LIMIT).
-# Carry .gpubuild (.gpubuild/base and .gpubuild/streamed, README: how to build them).
+# The trial of README.md, one device call (about 9 minutes at LIMIT=560): bench generate Qwen3-30B-A3B
+# (24 layers) B=1, each run profiled, main's wheel ("base") against main + oproj_streamed.patch ("streamed")
+# and + route_preload.patch too ("streamed_route"), twice each; the GPU tests (poisoned outputs) of the
+# patched kernels' files and the chained token calls' on streamed_route; RouteTokenKernel's phases alone
+# at Qwen3's router, main's and the patch's; product_probe.cu (the two products alone in every form);
+# memcheck of the block's and token_moe's kernel tests on streamed_route. Ordered so that a short call
+# gets one run each and the tests first (under LIMIT=300: base and streamed_route only); what does not
+# fit is skipped (tools/device_call.sh's LIMIT).
+# Carry .gpubuild (.gpubuild/base, streamed and streamed_route; README: how to build them).
 set -u
 S=$PWD; R=/tmp/gqaoproj; rm -rf $R; mkdir -p $R; L=$OUT/summary.txt
 export TE_ASYNC_COMMIT=${TE_ASYNC_COMMIT:-unknown}
