@@ -22,11 +22,12 @@ gen() {  # gen <wheel> <run>
   echo "$1 $2 (at $((SECONDS - T0)) s): $(grep -E '^\| [0-9]' $R/gen_$1_$2/generate.md 2>/dev/null)" >> $L
 }
 FIRST="base streamed streamed_route"; [ -n "$SHORT" ] && FIRST="base streamed_route"
+SECOND=$(echo $FIRST | tr " " "\n" | tac | tr "\n" " ")  # the second runs in the other order
 for w in $FIRST; do gen $w 1; done
 for w in $FIRST; do echo "trip, $w:" >> $L; sed -n '/One trip/,$p' $R/gen_${w}_1/generate_timeline_B1_kernels.md >> $L 2>/dev/null; done
 MORE="$S/tests/test_mla_token.py $S/tests/test_decode_attention.py"; [ -n "$SHORT" ] && MORE=
 gpu_tests streamed_route $R/tests.log 150 -n 4 $S/tests/test_gqa_token.py $S/tests/test_token_moe.py $MORE
-gen streamed_route 2; gen streamed 2; gen base 2
+for w in $SECOND; do gen $w 2; done
 # RouteTokenKernel's phases alone at Qwen3's router (route_phases.py: %globaltimer stamps), main's and the patch's
 # (stop 48's probe, generalised by route_phases_generalised.patch; the tree here is a copy)
 T=$S/docs/trials/2026-12-08-gqa-block-oproj-streamed; P=$S/docs/results/2026-12-04-h200-route-phases/probes
