@@ -12,7 +12,7 @@ CUDA graph. It also applies a SwiGLU MLP's activation as its second GEMM loads i
 (swiglu_input), one kernel fewer per MLP. ("In place" is a dynamic-slice fusion around the call,
 which costs each scan trip 11-20 us of host time per such call on an H200,
 tools/scan_trip_probe.py: hidden where a layer keeps the GPU busy longer, as in the models' decode
-step; docs/benchmarks.md, "Tried and dropped: stacked weights read in place".)
+step; docs/investigations.md, "Stacked weights read in place".)
 
 That kernel spends one FMA per weight element and row, so past CUDA_CORE_ROWS rows its
 instruction issue, not the HBM, sets its time; there bf16 and f16 GEMMs whose K is a multiple of

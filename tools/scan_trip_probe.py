@@ -7,7 +7,7 @@ xs (a slice per trip: XLA fuses it into te_async's call as a DynamicSliceFusion)
 indexed by the trip counter (XLA copies the slice first), one fixed weight for every trip, and, for
 te_async, the whole stack read by a grouped GEMM whose only group with rows is the layer's. Run it
 under different XLA_FLAGS to see what the loop costs. Measured on an H200 (2026-12-02,
-docs/benchmarks.md, "Tried and dropped"): about 10 us a trip for XLA's GEMM and for the stack,
+docs/investigations.md, "Stacked weights read in place"): about 10 us a trip for XLA's GEMM and for the stack,
 21-31 us for te_async's call on a sliced weight.
 
     python3 -P tools/scan_trip_probe.py [--layers 26] [--tag NAME] [--out DIR]
