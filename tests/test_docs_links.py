@@ -6,7 +6,8 @@ import pathlib
 import re
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-PAGES = sorted(p for p in ROOT.rglob("*.md") if not any(part.startswith(".") for part in p.relative_to(ROOT).parts))
+SOURCES = ("docs", "examples", "repro", "te_async", "tests", "tools")  # not build/ or .venv/: other projects' pages
+PAGES = [ROOT / "README.md"] + sorted(p for folder in SOURCES for p in (ROOT / folder).rglob("*.md"))
 CODE = re.compile(r"```.*?```|`[^`\n]*`", re.S)
 
 
