@@ -2,6 +2,7 @@
 link names a heading, the heading exists (GitHub's anchor rule). The docs cite results folders,
 tables and each other by link, and pages get split and moved."""
 
+import functools
 import pathlib
 import re
 
@@ -15,9 +16,10 @@ def _text(page: pathlib.Path) -> str:
     return CODE.sub("", page.read_text())
 
 
-def _anchors(page: pathlib.Path) -> set[str]:
+@functools.cache  # a page is the target of many links
+def _anchors(page: pathlib.Path) -> frozenset[str]:
     headings = re.findall(r"^#+ (.*)$", _text(page), re.M)
-    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+    return frozenset(re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings)
 
 
 def test_relative_links_resolve():
