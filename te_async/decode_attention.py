@@ -32,7 +32,7 @@ KEY_TILE = 32  # keys per tile of the kernel: a split's chunk is a multiple of i
 MIN_CHUNK = 2 * KEY_TILE  # so that a split loads its next tile while it computes one
 # "auto" takes the kernel from this many (sequence, kv head) pairs up. The whole model on an H200,
 # 4096 cached tokens, device mode, generate's loop per token against XLA's attention
-# (docs/benchmarks.md, table AP): DeepSeek-V2-Lite at 1 pair (B=1) even (2.765 against 2.759 ms,
+# (docs/internals.md, table AP): DeepSeek-V2-Lite at 1 pair (B=1) even (2.765 against 2.759 ms,
 # table AL's notes), at 2 pairs (B=2) 1.06x faster; Qwen3-30B-A3B at 4 pairs (B=1) 1.06x faster;
 # DeepSeek-V2-Lite at 8 and 64 pairs 1.08x and 1.21x faster (table A).
 AUTO_MIN_PAIRS = 2
@@ -162,7 +162,7 @@ def split_count(blocks: int, max_len: int, sm_count: int, resident: int, max_spl
     """Key chunks per (sequence, kv head) for `blocks` such pairs: about two blocks per SM in all, but
     no more than one wave of the `resident` blocks an SM holds (a partial second wave costs about
     as much as the first: DeepSeek-V2-Lite's MLA at B=64, 2 resident, took 233 us of GPU time per
-    layer in 5 splits, 1.2 waves, and 165 in 4; docs/benchmarks.md, table AW), and at least
+    layer in 5 splits, 1.2 waves, and 165 in 4; docs/internals.md, table AW), and at least
     MIN_CHUNK keys each (every split adds its partial output to the merge's reads)."""
     want = min(max_splits, math.ceil(max_len / MIN_CHUNK), math.ceil(2 * sm_count / blocks),
                max(1, resident * sm_count // blocks))

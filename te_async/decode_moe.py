@@ -18,7 +18,7 @@ decode per token (docs/benchmarks.md, table G1) 3.99 ms fused against 4.38 ms un
 9.71 against 9.55 ms at B=8. Fused fc1 and fc2 are each a little slower than unfused (fc2
 recomputes swiglu for every column tile it loads; 7.5 us more per layer at B=8 on an H200, 6 on an H100;
 swiglu in fc1's epilogue instead took 4 us off fc2, added 2 to fc1, and still lost to unfused from 4 tokens
-up: docs/benchmarks.md, under table F); at B=1 the four
+up: docs/internals.md, under table F); at B=1 the four
 kernels fewer win, since that step is bound by launches (39 % against 47 % GPU idle). The sum is taken from fc2's float32 accumulators: the unfused
 path rounds fc2's rows to the input dtype first, so the two differ by that rounding. Gradients, if
 asked for, are the unfused path's (a jax.custom_vjp that recomputes it): decode needs none.

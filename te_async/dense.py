@@ -21,7 +21,7 @@ instruction issue, not the HBM, sets its time; there bf16 and f16 GEMMs whose K 
 kernels up to MAX_ROWS rows ([K, N] weights only; past CUDA_CORE_ROWS only where the tensor-core
 kernel fits) and XLA's GEMM otherwise: for transposed weights (the LM head, [V, H]: XLA's GEMM
 took 93 us of GPU time at one row against 101 for small_groups' [N, K] kernel on an H200), off
-the GPU, and past CUDA_CORE_ROWS inside static_weight_slices(). docs/benchmarks.md (tables DN and DM) has the measurements behind the two limits.
+the GPU, and past CUDA_CORE_ROWS inside static_weight_slices(). docs/internals.md (tables DN and DM) has the measurements behind the two limits.
 """
 
 import contextlib

@@ -14,7 +14,7 @@ measured faster at (the layer's attention half from its norm to the residual add
 included) and everything else
 through the einsums around decode_attention, "unfused" always through the einsums, "te_async"
 through this module's kernel (an error where it cannot run). "auto" does not take this kernel
-because it lost to the unfused path (H200, docs/benchmarks.md table A3, GPU µs per layer
+because it lost to the unfused path (H200, docs/internals.md table A3, GPU µs per layer
 at 4096 cached tokens): DeepSeek-V2-Lite 29.4 against 24.5 at B=1 and 56.2 against 48.7 at B=8;
 DeepSeek-V3 54.0 against XLA's 55.1 at B=1 but 63.97 against 59.07 µs of wall clock, and far
 behind from B=2. Its fixed work per block (W_uk staged for the latent query, the merge across the

@@ -33,7 +33,7 @@ from .decode_attention import check_window_and_layer, split_count
 MLA_TOKEN = "te_async_mla_token"
 # The batches "auto" takes the call at: those measured (B=3 lies between two of them). DeepSeek-V2-Lite,
 # 4096 cached tokens, device mode, one H200, against the unfused path (generate's loop / blocked p50
-# per token; docs/benchmarks.md, table MT): B=1 1.19x / 1.17x, B=2 1.11x / 1.15x, B=4 (one pair of
+# per token; docs/internals.md, table MT): B=1 1.19x / 1.17x, B=2 1.11x / 1.15x, B=4 (one pair of
 # runs) 1.04x / 1.06x. B=8 ran with the call but not against the unfused path in the same call.
 AUTO_MAX_BATCH = 4
 

@@ -11,10 +11,10 @@ and routing weights are read on the GPU (from te_async.routing.route), so a step
 graph. Each block writes its float32 partial of the output; a second kernel of the call, a
 programmatic dependent of the first, sums them in a fixed order and rounds to x's dtype (it
 replaced an XLA reduction and conversion; a sum inside the first kernel, by the last block of each
-group of items and then the last group, measured slower: docs/benchmarks.md, table TM).
+group of items and then the last group, measured slower: docs/internals.md, table TM).
 te_async.token_moe runs the same kernels behind the norm and the routing.
 
-On an H200 (docs/benchmarks.md, table TF) it runs DeepSeek-V2-Lite's routed and shared experts at
+On an H200 (docs/internals.md, table TF) it runs DeepSeek-V2-Lite's routed and shared experts at
 one token 1.31x faster than the four kernels it replaces (43.9 against 57.6 us per layer, with the
 routing kernel and the sum; 1.48x the weights' read floor), the whole model's B=1 step 1.10x
 faster; a dense MLP alone measured even with te_async.dense.linear's two kernels (17.4 against

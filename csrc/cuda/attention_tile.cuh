@@ -95,7 +95,7 @@ struct KeyRows {
 // tid % (kDims / 8) of rows tid / (kDims / 8) + i kThreads / (kDims / 8), so that each copy's shared
 // address is the thread's first plus a constant and its global one the thread's first plus i times
 // one stride: about 6 instructions a copy. (Copying chunk tid + i kThreads of a whole key row took
-// about 35, more than half of a tile's instructions; docs/benchmarks.md, table AL.) Keys n in
+// about 35, more than half of a tile's instructions; docs/internals.md, table AL.) Keys n in
 // [r.from, r.to) are copied, keys n >= r.fill zero-filled, the others left as they are (another
 // call copies them). kFull: the tile's keys all lie in [r.from, r.to), so only a chunk's first and
 // last tiles test them.

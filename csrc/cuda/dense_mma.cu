@@ -2,7 +2,7 @@
 // step's projections and shared experts at a batch of a few sequences; bf16 or f16, w [K, N].
 //
 // Why not small_groups' CUDA-core loop: it spends one FMA per weight element and row, so from a
-// few rows on its instruction issue, not the HBM, sets the time (docs/benchmarks.md, "the small-M
+// few rows on its instruction issue, not the HBM, sets the time (docs/investigations.md, "The small-M
 // kernel past two rows": 17 us per GEMM at 8 rows). Here one mma.sync.m16n8k16 per 8 columns and
 // 16 k-rows takes up to 16 rows at once, and the CUDA cores only move the weights.
 //

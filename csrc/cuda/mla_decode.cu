@@ -19,7 +19,7 @@
 //      merged partial output to `partial`, and MlaCombineKernel merges the S of each head in order,
 //      rounds and projects them. At one sequence the splits took DeepSeek-V2-Lite's 4096 keys from
 //      33 to 29 us on an H200 (one cluster against 7): the fixed work before and after the keys
-//      (W_uk's staging, the merge) dominates, see docs/benchmarks.md table A3.
+//      (W_uk's staging, the merge) dominates, see docs/internals.md table A3.
 // At the start every block asks the L2 for what it reads later (its chunk of the cache, its rows of
 // kv_b_proj) with bulk prefetches, so that each phase's loads find their bytes on chip instead of
 // paying one DRAM latency after another. A query that sees no key (a negative position, a bad layer

@@ -94,7 +94,7 @@ constexpr int kNkCols = 4;             // output columns per warp item ([G,N,K] 
 constexpr int kNkLd = 33;              // padded row of the per-warp transpose buffer
 // [G,K,N] kernel: threads that read one k-row of a column tile, 16 bytes each: 256 contiguous bytes a
 // k-row (on an H100 128-byte pieces read at 97-98 % of the rate of 256-byte ones, 64-byte pieces at
-// 72 %: docs/benchmarks.md, under table F).
+// 72 %: docs/internals.md, under table F).
 constexpr int kKnCx = 16;
 constexpr int kKnRowsPerLoad = kThreads / kKnCx;  // k-rows of a block's load; a thread's rows are this far apart
 static_assert(kKnCx == 16, "KnItem's reduction sums the 2 k-slices of a warp (lanes 16 apart)");

@@ -27,7 +27,7 @@
 // which has no clusters). The shared experts' blocks come first, so
 // that the block scheduler starts them first: where the items exceed one wave of resident
 // blocks, they are the ones that run during the routing (with one wave, as plan_split prefers,
-// the order measured no different: docs/benchmarks.md, table GM's notes; every block taking a
+// the order measured no different: docs/internals.md, table GM's notes; every block taking a
 // shared slice before its routed item, so that all blocks read during the routing, measured
 // slower, as did issuing each phase's first loads ahead: table TF's notes). Item i of choice c
 // reads expert experts[c] on the GPU, so the kernel sits in a CUDA graph. Per block (256 threads)
@@ -49,7 +49,7 @@
 // dtype and, in the MoE call, adds the residual x. It is a programmatic dependent of
 // TokenFfnKernel (compute capability 9.0 and up), so its blocks are resident and have read x when
 // the last expert block ends. It replaced XLA's sum and its convert-and-add: about as fast, one
-// kernel fewer (docs/benchmarks.md, table UN's notes). A sum inside TokenFfnKernel, by
+// kernel fewer (docs/internals.md, table UN's notes). A sum inside TokenFfnKernel, by
 // the last block of each group of items and then the last group, measured slower than XLA's
 // (46.8 against 39.0 us a layer in the whole model's B=1 step).
 // An expert id outside [0, E) cannot be raised inside a graph: that item's row of out is NaN, so
@@ -85,7 +85,7 @@ namespace {
 namespace ffi = xla::ffi;
 
 constexpr int kThreads = 256;
-constexpr int kBlocksPerSm = 2;  // measured as fast as one 512-thread block and faster than four (benchmarks.md, TF)
+constexpr int kBlocksPerSm = 2;  // measured as fast as one 512-thread block and faster than four (docs/internals.md, TF)
 constexpr int kRouteSlices = 8;  // RouteTokenKernel's cluster (the portable size): 32 KB of router each at E = 64, H = 2048
 constexpr int kVec = 8;           // 16-bit elements per 16-byte vector (4 for a float32 router)
 constexpr int kUnroll = 8;        // loads in flight per thread

@@ -39,7 +39,7 @@ from .rope import cos_sin
 
 _STATIC = ("config", "group_sizes_mode", "experts")
 # The largest batch at which generate writes its decode steps' layers out (device mode). DeepSeek-V2-Lite,
-# 4096 cached tokens, generate's loop, written out against scanned (docs/benchmarks.md, tables G4 and
+# 4096 cached tokens, generate's loop, written out against scanned (docs/internals.md, tables G4 and
 # G4b): on an H200 without CUTLASS (2026-12-02) B=4 1.09x, 8 1.15x, 32 1.06x faster, B=1 and 2 0.93x
 # and 0.99x (B=1 1.02x since the MLA and MoE calls, table UN); on an H100 with CUTLASS (2026-12-06)
 # B=2 1.00x, 32 1.10x, 64 1.10x. Larger batches were not measured.
@@ -196,7 +196,7 @@ class _GreedyState(NamedTuple):
     its buffers keeps its address from step to step: XLA then replays the step's CUDA graphs
     as they are, where new input and output buffers in every step make it update them first
     (H200, DeepSeek-V2-Lite, 4096 cached tokens, device mode, per token: 3.78 against 4.28 ms at
-    batch 1, 8.87 against 9.61 at batch 8; docs/benchmarks.md table G3)."""
+    batch 1, 8.87 against 9.61 at batch 8; docs/internals.md table G3)."""
 
     cache: list
     tokens: jax.Array  # int32 [B, max_new_tokens], generated so far up to `count`
