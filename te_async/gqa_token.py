@@ -16,7 +16,7 @@ new token per sequence, on a GPU of compute capability 9.0 or later.
 `gqa_token_block` runs the whole attention half of a decoder layer, input_layernorm to the
 residual add, in one call: the norm with the input projections (as mla_token's first kernel, csrc/
 cuda/token_product.cuh), the three kernels above, and o_proj with the residual, each a programmatic
-dependent of the one before (8 launches a Qwen3 layer where there were 12; docs/benchmarks.md, table GB).
+dependent of the one before (8 launches a Qwen3 layer where there were 12; docs/internals.md, table GB).
 For hidden sizes and o_proj rows (H d) within GQA_TOKEN_BLOCK_ROWS and no projection biases
 (Qwen3-30B-A3B's shapes; Mixtral's hidden size of 4096 is past it).
 
@@ -39,13 +39,13 @@ GQA_TOKEN = "te_async_gqa_token"
 GQA_TOKEN_BLOCK = "te_async_gqa_token_block"
 # The batches "auto" takes the call at: those measured faster. Generate's loop per token, 4096 cached
 # tokens, device mode, one H100, against the unfused path with decode_attention's kernel, alternating
-# twice (docs/benchmarks.md, table GT): Qwen3-30B-A3B (24 of its layers) B=1 2.244 / 2.242 against
+# twice (docs/internals.md, table GT): Qwen3-30B-A3B (24 of its layers) B=1 2.244 / 2.242 against
 # 2.479 / 2.481 ms (1.105x), B=8 4.118 / 4.158 against 4.044 / 3.991 (0.97x; blocked steps level);
 # Mixtral-8x7B (8 of its layers) B=1 2.565 / 2.567 against 2.571 / 2.560 (level).
 AUTO_MAX_BATCH = 1
 # The batches gqa_token_block takes, whatever the setting: its product kernels hold two sequences a
 # block and read the weights once per pair. Qwen3-30B-A3B (24 layers), B=8, the block forced, one
-# H100: 5.742 ms a token in generate's loop against 3.927 unfused (docs/benchmarks.md, table GB).
+# H100: 5.742 ms a token in generate's loop against 3.927 unfused (docs/internals.md, table GB).
 BLOCK_MAX_BATCH = 2
 # What both calls need (applies), for their errors.
 _CALL_NEEDS = ("a GPU of compute capability 9.0 or later with te_async's CUDA module, bf16, one token per sequence, "
