@@ -77,7 +77,9 @@ def agreement(shared):
     ref = np.asarray(c_old(x, logits, W)[0], np.float32); got = np.asarray(c_new(x, logits, W)[0], np.float32)
     print("  max |new - old| / max|old|:", float(np.abs(got - ref).max() / np.abs(ref).max()))
 
-if FS:
+if FS:  # the shared MLP alone first: a dense MLP at one token, the fused-decode issue's target (<= 1.3x its floor)
+    measure("shared alone (a dense MLP): token_ffn (plan)", tok(routed=False), shared_bytes)
+    measure("shared alone: two small-M kernels", old(routed=False), shared_bytes)
     agreement(True)
     sweep("routed+shared", [unclustered(K, F, FS), (88, 2), (96, 2), (128, 2), (176, 4), (88, 4)])
 agreement(False)

@@ -40,6 +40,10 @@ gpu_tests main $R/tests.log 150 $x $S/tests/test_bench_decode.py $S/tests/test_m
   $S/tests/test_decode_moe_gpu.py $S/tests/test_torch_decode_step.py
 decode never device "1 8"
 generate old_2 deepseek-v2-lite "$OLD_PLAN"; generate new_2 deepseek-v2-lite ""
+# token_ffn at one token (tools/token_ffn_probe.py): the shared MLP alone is #18's dense-MLP target, last measured
+# at d57aedb (2.35x), before token_ffn's clusters (c79e423)
+PYTHONPATH=/tmp/w_main OUT=$R step 150 $R/token_ffn_probe.log python3 -P $S/tools/token_ffn_probe.py
+echo "token_ffn probe (at $((SECONDS - T0)) s):" >> $L; grep -E " us |HBM|max " $R/token_ffn_probe.log >> $L
 step 60 $R/probe_build.log nvcc -O3 -std=c++17 -arch=sm_90a $S/docs/results/2026-12-06-h100-kn-reads/stripe_read_probe.cu -o $R/srp &&
   for n in 34 64 34 64; do step 20 $R/probe.txt $R/srp $n; done; cat $R/probe.txt >> $L 2>/dev/null
 echo "=== done at $((SECONDS - T0)) s" >> $L
