@@ -115,6 +115,7 @@ constexpr int kMergeLanes = kThreads / kMergeQuads;
 template <int DV>
 __global__ void __launch_bounds__(kThreads) CombineKernel(Args a, int splits) {
   static_assert(DV % kMergeColumns == 0, "whole merge chunks");
+  StartDependents();  // gqa_token.cu's o_proj may start loading its weights
   WaitForPrevious();  // the splits' outputs (returns at once where the launch has no dependency)
   __shared__ float weight[kDecodeAttentionMaxSplits];
   __shared__ float scratch[kWarps];

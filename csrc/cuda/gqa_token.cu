@@ -12,12 +12,9 @@
 //   2. DecodeAttentionKernel (decode_attention_kernels.cuh) over the cache: its first tile, keys
 //      before the new token's, loads while the prep runs.
 //   3. CombineKernel, the merge of the key splits, launched while the splits run.
-//   4. ProductKernel with a residual, block (16 columns, two sequences): x + o_proj over the heads'
-//      outputs. It loads o_proj's rows before it waits, but starts only when the merge has ended:
-//      CombineKernel does not start its dependents. Letting it start them (stop 69) made these
-//      blocks (one an SM) resident during the attention, which then took 10 us longer
-//      (docs/results/2026-12-07-h100-gqa-block-products; the lighter o_proj prepared in
-//      docs/trials/2026-12-08-gqa-block-oproj-streamed).
+//   4. SlicedProductKernel with a residual (token_product.cuh), block (a slice of the rows, 128 columns,
+//      two sequences) in clusters of a tile's slices: x + o_proj over the heads' outputs. The merge
+//      starts its dependents, so these blocks are resident and have loaded their first rows when it ends.
 //
 // At batch 1 XLA ran step 1 as about five kernels (the norms, the rope, two cache updates) between
 // the input projections and decode_attention's call, each launched after the one before had ended,
@@ -39,6 +36,7 @@
 #include "cuda/cuda_check.h"
 #include "cuda/decode_attention.h"
 #include "cuda/decode_attention_kernels.cuh"
+#include "cuda/device_gemm.h"
 #include "cuda/gqa_token.h"
 #include "cuda/handlers.h"
 #include "cuda/norm_rope.cuh"
@@ -61,18 +59,20 @@ static_assert(kDecodeAttentionShapes[kShape].rope_dims == 0 && kDecodeAttentionS
 constexpr int kHalf = kHeadDim / 2;
 constexpr int kMaxRows = kDecodeAttentionMaxRows;  // the split kernel's query rows: heads per kv head
 constexpr int kWarps = kHeadDim / 32;
-// The block's products (token_product.cuh's widths, as mla_token.cu's): the input projections one block
-// an SM (1.2 waves for Qwen3's 5120 columns on 132 SMs); o_proj one block an SM at 32 rows a thread
-// (Qwen3's 4096 rows).
+// The block's products (token_product.cuh): the input projections by ProductKernel (its widths, as
+// mla_token.cu's: one block an SM, 1.2 waves for Qwen3's 5120 columns on 132 SMs; streamed by
+// SlicedProductKernel it took 16.5 us against 13.6, docs/results/2026-12-07-h100-gqa-block-products);
+// o_proj by SlicedProductKernel, whose light blocks (109 registers) become resident during the attention
+// and load their first rows there without slowing it, where ProductKernel's (221 registers, one an SM)
+// slowed the merge by 10 us.
 using token_product::kInputColumns;
 using token_product::kInputThreads;
-using token_product::kOutputColumns;
-using token_product::kOutputThreads;
 using token_product::kProductGroups;
+using token_product::kProductSeqs;
+using token_product::kSliceColumns;
 using token_product::ProductArgs;
-static_assert(kGqaTokenBlockRowStep == kProductGroups && kGqaTokenBlockRowStep % kOutputColumns == 0 &&
-                  kHeadDim % kInputColumns == 0 && kGqaTokenBlockMaxHidden % kInputThreads == 0 &&
-                  kGqaTokenBlockMaxRows % kOutputThreads == 0,
+static_assert(kGqaTokenBlockRowStep == kProductGroups && kGqaTokenBlockRowStep % kSliceColumns == 0 &&
+                  kHeadDim % kInputColumns == 0 && kGqaTokenBlockMaxHidden % kInputThreads == 0,
               "whole blocks");
 
 struct PrepArgs {
@@ -243,8 +243,19 @@ ffi::Error GqaTokenBlock(cudaStream_t stream, BF16Buffer x, BF16Buffer norm, BF1
                                      window, eps, input_projections));
   const ProductArgs output{Out(heads_out), nullptr, nullptr, In(wo), In(x), Out(out), static_cast<int>(batch),
                            static_cast<int>(rows), static_cast<int>(hidden), 0.f};
-  return token_product::LaunchProduct<kOutputColumns, kGqaTokenBlockMaxRows, 1>(output, stream, true,
-                                                                                "launch of o_proj's ProductKernel");
+  const int pairs = static_cast<int>((batch + kProductSeqs - 1) / kProductSeqs);
+  int device = 0;
+  TE_ASYNC_CUDA(cudaGetDevice(&device));
+  const auto info = QueryDevice(device);
+  if (info.has_error()) return info.error();
+  const int tiles = static_cast<int>(hidden / kSliceColumns);
+  const int slice_rows = token_product::SliceRows(static_cast<int>(rows), tiles * pairs, info->sm_count,
+                                                  info->compute_capability);
+  const int slices = static_cast<int>((rows + slice_rows - 1) / slice_rows);
+  return CudaStatus(LaunchDependentClusters(token_product::SlicedProductKernel<kGqaTokenBlockMaxRows, 1>,
+                                            dim3(slices, tiles, pairs), dim3(token_product::kSliceThreads), 0, stream,
+                                            true, slices, output, slice_rows),
+                    "launch of o_proj's SlicedProductKernel");
 }
 
 }  // namespace

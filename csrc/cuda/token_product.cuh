@@ -7,6 +7,9 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <cooperative_groups.h>
+
+#include <algorithm>
 #include <cstddef>
 
 #include "cuda/float_convert.cuh"
@@ -108,28 +111,18 @@ __device__ __forceinline__ float InValue(const ProductArgs& a, int b, int i) {
   return Rounded<bf16>(sum);
 }
 
-// Block (kColumns columns, sequences 2y and 2y + 1 where they exist), for inputs of at most
-// kMaxHidden rows (kParts partial sums where `in` is null): out[b, cols] = v_b . w[:, cols]
-// (+ residual[b, cols]), where v_b is in[b], through RMSNorm when a norm weight is given. Thread
-// (g, v) loads its rows of the block's columns (g, g + kProductGroups, ...) into registers before it
-// waits for the previous kernel, and uses them for both sequences: at B=2 a block per sequence read
-// the weights twice and took two waves. With a norm weight, `in` and the norm are read before that
-// wait too, so they must not come from the previous kernel.
-template <int kColumns, int kBlockThreads, int kMaxHidden, int kParts>
-__global__ void __launch_bounds__(kBlockThreads) ProductKernel(ProductArgs a) {
-  static_assert(kBlockThreads == kProductGroups * kColumns / 8, "kProductGroups row groups");
+// Stages a block's input vectors for both product kernels: x[s] = in[b0 + s] (or the sum of kParts
+// partials), through RMSNorm when a norm weight is given (thread t holds values t, t + kBlockThreads,
+// ...). `load_weights` issues the block's first weight loads between the input's loads and the wait
+// for the previous kernel: with a norm weight, `in` and the norm are the call's inputs and are read
+// before the weights, so that they arrive first; without one, `in` is the previous kernel's output
+// and is read after the wait. Ends with a barrier: x is ready for the whole block.
+template <int kBlockThreads, int kMaxHidden, int kParts, typename LoadWeights>
+__device__ __forceinline__ void StageInput(const ProductArgs& a, int b0, int seqs, float (&x)[kProductSeqs][kMaxHidden],
+                                           float* scratch, LoadWeights&& load_weights) {
   static_assert(kMaxHidden % kBlockThreads == 0, "whole rows per thread");
-  StartDependents();
-  constexpr int kBlockWarps = kBlockThreads / 32;
-  constexpr int kProductRows = kMaxHidden / kProductGroups;  // most rows per thread
-  __shared__ float x[kProductSeqs][kMaxHidden];
-  __shared__ float sums[kProductSeqs * kBlockWarps * kColumns];
-  __shared__ float scratch[kBlockWarps];
-  const int tid = threadIdx.x, v = tid % (kColumns / 8), g = tid / (kColumns / 8);
-  const int b0 = blockIdx.y * kProductSeqs, seqs = min(kProductSeqs, a.batch - b0);
-  const int col = blockIdx.x * kColumns, rows = a.rows / kProductGroups;
-  // Thread t's values t, t + kBlockThreads, ... of each vector in[b] and of the norm's weight.
   constexpr int kSpread = kMaxHidden / kBlockThreads;
+  const int tid = threadIdx.x;
   float values[kProductSeqs][kSpread];
   bf16 weight[kSpread];
   const auto load_in = [&] {
@@ -142,8 +135,8 @@ __global__ void __launch_bounds__(kBlockThreads) ProductKernel(ProductArgs a) {
       }
     }
   };
-  const bool normed = a.norm != nullptr;  // `in` and the norm are then the call's inputs, read at once,
-  if (normed) {                           // before the weights, so that they arrive first
+  const bool normed = a.norm != nullptr;
+  if (normed) {
     load_in();
 #pragma unroll
     for (int j = 0; j < kSpread; ++j) {
@@ -151,15 +144,16 @@ __global__ void __launch_bounds__(kBlockThreads) ProductKernel(ProductArgs a) {
       weight[j] = i < a.rows ? a.norm[i] : __float2bfloat16(0.f);
     }
   }
-  uint4 wv[kProductRows];
-  LoadRows(wv, a.w + static_cast<size_t>(g) * a.cols + col + v * 8, static_cast<size_t>(kProductGroups) * a.cols, rows);
+  load_weights();
   WaitForPrevious();  // `in` or `parts` without a norm (returns at once where the launch has no dependency)
   if (!normed) load_in();
-  for (int s = 0; s < seqs; ++s) {
+#pragma unroll
+  for (int s = 0; s < kProductSeqs; ++s) {  // unrolled: values stays in registers (a loop to seqs put it on the stack)
+    if (s >= seqs) break;
     float squares = 0.f;
 #pragma unroll
     for (int j = 0; j < kSpread; ++j) squares = fmaf(values[s][j], values[s][j], squares);
-    const float r = normed ? InverseRms<kBlockWarps>(squares, a.rows, a.eps, scratch) : 0.f;
+    const float r = normed ? InverseRms<kBlockThreads / 32>(squares, a.rows, a.eps, scratch) : 0.f;
 #pragma unroll
     for (int j = 0; j < kSpread; ++j) {
       const int i = tid + j * kBlockThreads;
@@ -167,12 +161,150 @@ __global__ void __launch_bounds__(kBlockThreads) ProductKernel(ProductArgs a) {
     }
   }
   __syncthreads();
+}
+
+// Output element `at` from its f32 sum: rounded, plus the residual where there is one (rounded again),
+// as the unfused path's product and add.
+__device__ __forceinline__ void WriteOutput(const ProductArgs& a, size_t at, float sum) {
+  const float y = Rounded<bf16>(sum);
+  a.out[at] = __float2bfloat16(a.residual == nullptr ? y : __bfloat162float(a.residual[at]) + y);
+}
+
+// Block (kColumns columns, sequences 2y and 2y + 1 where they exist), for inputs of at most
+// kMaxHidden rows (kParts partial sums where `in` is null): out[b, cols] = v_b . w[:, cols]
+// (+ residual[b, cols]), where v_b is in[b], through RMSNorm when a norm weight is given. Thread
+// (g, v) loads its rows of the block's columns (g, g + kProductGroups, ...) into registers before it
+// waits for the previous kernel, and uses them for both sequences: at B=2 a block per sequence read
+// the weights twice and took two waves. For weights of at most about 128 KB an SM (one wave of
+// blocks holding them in registers); SlicedProductKernel streams larger ones.
+template <int kColumns, int kBlockThreads, int kMaxHidden, int kParts>
+__global__ void __launch_bounds__(kBlockThreads) ProductKernel(ProductArgs a) {
+  static_assert(kBlockThreads == kProductGroups * kColumns / 8, "kProductGroups row groups");
+  StartDependents();
+  constexpr int kBlockWarps = kBlockThreads / 32;
+  constexpr int kProductRows = kMaxHidden / kProductGroups;  // most rows per thread
+  __shared__ float x[kProductSeqs][kMaxHidden];
+  __shared__ float sums[kProductSeqs * kBlockWarps * kColumns];
+  __shared__ float scratch[kBlockWarps];
+  const int tid = threadIdx.x, v = tid % (kColumns / 8), g = tid / (kColumns / 8);
+  const int b0 = blockIdx.y * kProductSeqs, seqs = min(kProductSeqs, a.batch - b0);
+  const int col = blockIdx.x * kColumns, rows = a.rows / kProductGroups;
+  uint4 wv[kProductRows];
+  StageInput<kBlockThreads, kMaxHidden, kParts>(a, b0, seqs, x, scratch, [&] {
+    LoadRows(wv, a.w + static_cast<size_t>(g) * a.cols + col + v * 8, static_cast<size_t>(kProductGroups) * a.cols,
+             rows);
+  });
   const float sum = ColumnSums<kProductSeqs, kColumns, kBlockThreads>(wv, rows, &x[0][0], kMaxHidden, seqs, sums);
-  if (tid < seqs * kColumns) {
-    const size_t at = static_cast<size_t>(b0 + tid / kColumns) * a.cols + col + tid % kColumns;
-    const float y = Rounded<bf16>(sum);
-    a.out[at] = __float2bfloat16(a.residual == nullptr ? y : __bfloat162float(a.residual[at]) + y);
+  if (tid < seqs * kColumns) WriteOutput(a, static_cast<size_t>(b0 + tid / kColumns) * a.cols + col + tid % kColumns, sum);
+}
+
+// SlicedProductKernel: ProductKernel's product for weights that do not fit the registers of one wave
+// (Qwen3-30B-A3B's input projections, 21 MB: ProductKernel took 1.2 waves of 160 blocks reading 64-byte
+// pieces of each row). Block (slice x, tile y of kSliceColumns columns, sequences 2z and 2z + 1) streams
+// rows [x slice_rows, (x + 1) slice_rows) of its columns, 256 contiguous bytes a row (kSliceVectors
+// threads of 16 bytes), kSliceLoads rows a thread in flight and the next kSliceLoads loading while they
+// are used, as small_group_gemm.cu's split-K kernel reads; its first loads are issued before the wait
+// for the previous kernel. The slices of a tile are one thread-block cluster along x: each block leaves
+// its sums in shared memory and adds a share of the outputs over the cluster's blocks in slice order
+// (distributed shared memory), so the result is the same in every run. Two blocks an SM.
+constexpr int kSliceThreads = 256;
+constexpr int kSliceVectors = 16;
+constexpr int kSliceColumns = kSliceVectors * 8;
+constexpr int kSliceGroups = kSliceThreads / kSliceVectors;  // a thread's rows are this far apart
+constexpr int kSliceLoads = 8;
+constexpr int kMaxSlices = 8;  // the portable cluster size
+
+template <int kMaxHidden, int kParts>
+__global__ void __launch_bounds__(kSliceThreads, 2) SlicedProductKernel(ProductArgs a, int slice_rows) {
+  static_assert(kSliceThreads == kProductSeqs * kSliceColumns, "a thread per output of a block's tile");
+  StartDependents();
+  constexpr int kWarps = kSliceThreads / 32;
+  __shared__ float x[kProductSeqs][kMaxHidden];
+  __shared__ float sums[kProductSeqs][kWarps][kSliceColumns];
+  __shared__ float slice_sums[kProductSeqs * kSliceColumns];
+  __shared__ float scratch[kWarps];
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, v = tid % kSliceVectors, g = tid / kSliceVectors;
+  const int b0 = blockIdx.z * kProductSeqs, seqs = min(kProductSeqs, a.batch - b0);
+  const int col = blockIdx.y * kSliceColumns, first = blockIdx.x * slice_rows + g;
+  const int last = min(a.rows, static_cast<int>(blockIdx.x + 1) * slice_rows);
+  const int count = first < last ? (last - first + kSliceGroups - 1) / kSliceGroups : 0;  // this thread's rows
+  const char* w = reinterpret_cast<const char*>(a.w + static_cast<size_t>(first) * a.cols + col + v * 8);
+  const size_t step = static_cast<size_t>(kSliceGroups) * a.cols * sizeof(bf16);
+  const auto load = [&](uint4(&wv)[kSliceLoads], int i) {
+#pragma unroll
+    for (int u = 0; u < kSliceLoads; ++u) {
+      wv[u] = i + u < count ? LoadStreamBeforeWait(w + static_cast<size_t>(i + u) * step) : make_uint4(0u, 0u, 0u, 0u);
+    }
+  };
+  uint4 current[kSliceLoads], next[kSliceLoads];
+  StageInput<kSliceThreads, kMaxHidden, kParts>(a, b0, seqs, x, scratch, [&] { load(current, 0); });
+  float acc[kProductSeqs][8] = {};
+  for (int i = 0; i < count; i += kSliceLoads) {
+    load(next, i + kSliceLoads);
+#pragma unroll
+    for (int u = 0; u < kSliceLoads; ++u) {
+      if (i + u < count) {
+        float f[8];
+        Unpack<bf16>(current[u], f);
+        const int row = first + (i + u) * kSliceGroups;
+#pragma unroll
+        for (int s = 0; s < kProductSeqs; ++s) {
+          if (s < seqs) {
+            const float c = x[s][row];
+#pragma unroll
+            for (int j = 0; j < 8; ++j) acc[s][j] = fmaf(c, f[j], acc[s][j]);
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kSliceLoads; ++u) current[u] = next[u];
   }
+  // The warp's two row groups (lanes l and l + 16), then the warps in order.
+#pragma unroll
+  for (int s = 0; s < kProductSeqs; ++s) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      acc[s][j] += __shfl_xor_sync(0xffffffffu, acc[s][j], kSliceVectors);
+      if (lane < kSliceVectors) sums[s][warp][v * 8 + j] = acc[s][j];
+    }
+  }
+  __syncthreads();
+  const int s = tid / kSliceColumns, c = tid % kSliceColumns;
+  float total = 0.f;
+#pragma unroll
+  for (int k = 0; k < kWarps; ++k) total += sums[s][k][c];
+  slice_sums[tid] = total;
+  const int outputs = seqs * kSliceColumns;
+  const auto at = [&](int o) { return static_cast<size_t>(b0 + o / kSliceColumns) * a.cols + col + o % kSliceColumns; };
+  if (gridDim.x == 1) {
+    if (tid < outputs) WriteOutput(a, at(tid), total);
+    return;
+  }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync();  // every slice's sums are in its shared memory
+  const int slices = static_cast<int>(gridDim.x), per = (outputs + slices - 1) / slices;
+  const int o = static_cast<int>(blockIdx.x) * per + tid;
+  if (tid < per && o < outputs) {
+    float sum = 0.f;
+    for (int q = 0; q < slices; ++q) sum += cluster.map_shared_rank(slice_sums, q)[o];
+    WriteOutput(a, at(o), sum);
+  }
+  cluster.sync();  // no block leaves while another still reads its sums
+#else
+  __trap();  // SliceRows never splits below compute capability 9.0
+#endif
+}
+
+// Rows per slice of SlicedProductKernel for a product of `rows` rows over `tiles` blocks of columns
+// and sequences: enough slices (a cluster each, at most kMaxSlices) for about two blocks an SM, whole
+// row groups each; all rows in one slice below compute capability 9.0 (no clusters).
+inline int SliceRows(int rows, int tiles, int sm_count, int compute_capability) {
+  if (compute_capability < 90) return rows;
+  const int want = std::max(1, std::min({kMaxSlices, 2 * sm_count / std::max(tiles, 1), rows / kSliceGroups}));
+  return (rows + want * kSliceGroups - 1) / (want * kSliceGroups) * kSliceGroups;
 }
 
 // The chained token calls' two products (mla_token.cu, gqa_token.cu): the input projections take 32
