@@ -43,8 +43,8 @@ inline cudaLaunchConfig_t ClusterLaunchConfig(long long grid, int threads, int c
 // (a cluster's blocks share a GPC, so clusters of many blocks fit fewer times than the SMs
 // suggest), asked once per (device, kernel, slices): a call may be re-captured every scan trip. A
 // kernel launched with dynamic shared memory is asked with it (`smem`, always the same for a kernel).
-template <typename Args>
-xla::ffi::ErrorOr<int> ResidentClusters(void (*kernel)(Args), int threads, int slices, size_t smem = 0) {
+template <typename... Params>
+xla::ffi::ErrorOr<int> ResidentClusters(void (*kernel)(Params...), int threads, int slices, size_t smem = 0) {
   static std::mutex mutex;
   static std::map<std::tuple<int, const void*, int>, int> known;
   int device = 0;

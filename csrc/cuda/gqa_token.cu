@@ -60,15 +60,16 @@ constexpr int kHalf = kHeadDim / 2;
 constexpr int kMaxRows = kDecodeAttentionMaxRows;  // the split kernel's query rows: heads per kv head
 constexpr int kWarps = kHeadDim / 32;
 // The block's products (token_product.cuh): the input projections by ProductKernel (its widths, as
-// mla_token.cu's: one block an SM, 1.2 waves for Qwen3's 5120 columns on 132 SMs; streamed by
-// SlicedProductKernel it took 16.5 us against 13.6, docs/results/2026-12-07-h100-gqa-block-products);
-// o_proj by SlicedProductKernel, whose light blocks (109 registers) become resident during the attention
-// and load their first rows there without slowing it, where ProductKernel's (221 registers, one an SM)
-// slowed the merge by 10 us.
+// mla_token.cu's: one block an SM, 1.2 waves for Qwen3's 5120 columns on 132 SMs). Streamed by
+// SlicedProductKernel in one wave of clusters (5 slices) it ended 0.7 us earlier in the trip but slowed
+// the attention beside it by 1.7 us (generate's loop level), and in two waves (6 slices) it took 16.5 us
+// against 13.6: docs/results/2026-12-07-h100-gqa-oproj-streamed. o_proj by SlicedProductKernel
+// (LaunchSliced), whose light blocks (112 registers) become resident during the attention and load
+// their first rows there without slowing it, where ProductKernel's (221 registers, one an SM) slowed
+// the merge by 10 us: the layer 1.8 us shorter, Qwen3-30B-A3B B=1 1.019x faster a token (same results).
 using token_product::kInputColumns;
 using token_product::kInputThreads;
 using token_product::kProductGroups;
-using token_product::kProductSeqs;
 using token_product::kSliceColumns;
 using token_product::ProductArgs;
 static_assert(kGqaTokenBlockRowStep == kProductGroups && kGqaTokenBlockRowStep % kSliceColumns == 0 &&
@@ -243,19 +244,12 @@ ffi::Error GqaTokenBlock(cudaStream_t stream, BF16Buffer x, BF16Buffer norm, BF1
                                      window, eps, input_projections));
   const ProductArgs output{Out(heads_out), nullptr, nullptr, In(wo), In(x), Out(out), static_cast<int>(batch),
                            static_cast<int>(rows), static_cast<int>(hidden), 0.f};
-  const int pairs = static_cast<int>((batch + kProductSeqs - 1) / kProductSeqs);
   int device = 0;
   TE_ASYNC_CUDA(cudaGetDevice(&device));
   const auto info = QueryDevice(device);
   if (info.has_error()) return info.error();
-  const int tiles = static_cast<int>(hidden / kSliceColumns);
-  const int slice_rows = token_product::SliceRows(static_cast<int>(rows), tiles * pairs, info->sm_count,
-                                                  info->compute_capability);
-  const int slices = static_cast<int>((rows + slice_rows - 1) / slice_rows);
-  return CudaStatus(LaunchDependentClusters(token_product::SlicedProductKernel<kGqaTokenBlockMaxRows, 1>,
-                                            dim3(slices, tiles, pairs), dim3(token_product::kSliceThreads), 0, stream,
-                                            true, slices, output, slice_rows),
-                    "launch of o_proj's SlicedProductKernel");
+  return token_product::LaunchSliced<kGqaTokenBlockMaxRows, 1>(output, info->sm_count, info->compute_capability, stream,
+                                                               true, "launch of o_proj's SlicedProductKernel");
 }
 
 }  // namespace

@@ -294,17 +294,34 @@ __global__ void __launch_bounds__(kSliceThreads, 2) SlicedProductKernel(ProductA
   }
   cluster.sync();  // no block leaves while another still reads its sums
 #else
-  __trap();  // SliceRows never splits below compute capability 9.0
+  __trap();  // LaunchSliced never splits below compute capability 9.0
 #endif
 }
 
-// Rows per slice of SlicedProductKernel for a product of `rows` rows over `tiles` blocks of columns
-// and sequences: enough slices (a cluster each, at most kMaxSlices) for about two blocks an SM, whole
-// row groups each; all rows in one slice below compute capability 9.0 (no clusters).
-inline int SliceRows(int rows, int tiles, int sm_count, int compute_capability) {
-  if (compute_capability < 90) return rows;
-  const int want = std::max(1, std::min({kMaxSlices, 2 * sm_count / std::max(tiles, 1), rows / kSliceGroups}));
-  return (rows + want * kSliceGroups - 1) / (want * kSliceGroups) * kSliceGroups;
+// SlicedProductKernel's launch (a programmatic dependent where after_previous): clusters of `slices`
+// blocks along x, one per tile of kSliceColumns columns and pair of sequences, each block of a cluster
+// on slice_rows rows (whole row groups). As many slices as give about two blocks an SM (at most
+// kMaxSlices), then fewer until every cluster is resident at once: a grid past that runs a second
+// wave (Qwen3-30B-A3B's input projections alone, 40 clusters of which 39 of 6 blocks fit: 19.9 us
+// against 16.0 at 4 slices on an H100, docs/results/2026-12-07-h100-gqa-oproj-streamed). One slice
+// below compute capability 9.0 (no clusters).
+template <int kMaxHidden, int kParts>
+xla::ffi::Error LaunchSliced(const ProductArgs& a, int sm_count, int compute_capability, cudaStream_t stream,
+                             bool after_previous, const char* what) {
+  const int tiles = a.cols / kSliceColumns, pairs = (a.batch + kProductSeqs - 1) / kProductSeqs;
+  const auto kernel = SlicedProductKernel<kMaxHidden, kParts>;
+  int slices = compute_capability < 90
+                   ? 1
+                   : std::max(1, std::min({kMaxSlices, 2 * sm_count / std::max(tiles * pairs, 1), a.rows / kSliceGroups}));
+  for (; slices > 1; --slices) {
+    const xla::ffi::ErrorOr<int> resident = ResidentClusters(kernel, kSliceThreads, slices);
+    if (resident.has_error()) return resident.error();
+    if (*resident >= tiles * pairs) break;
+  }
+  const int slice_rows = (a.rows + slices * kSliceGroups - 1) / (slices * kSliceGroups) * kSliceGroups;
+  return CudaStatus(LaunchDependentClusters(kernel, dim3(slices, tiles, pairs), dim3(kSliceThreads), 0, stream,
+                                            after_previous, slices, a, slice_rows),
+                    what);
 }
 
 // The chained token calls' two products (mla_token.cu, gqa_token.cu): the input projections take 32
