@@ -4,12 +4,12 @@ gradient of the whole batch (the replicated weights' summed over the devices by 
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
 import te_async
 from helpers import four_device_mesh, random_top_k
-from reference import rel_error
 from te_async import dense
 from te_async.manual_axes import vary_alike
 from te_async.models.embedding import embed
@@ -28,7 +28,11 @@ def _check_gradients(f, args, specs, argnums):
     got = jax.jit(jax.grad(local, argnums=argnums))(*args)
     want = jax.jit(jax.grad(whole, argnums=argnums))(*args)
     for ours, ref in zip(got, want):
-        assert float(jnp.max(jnp.abs(ref))) > 0 and rel_error(ours, ref) < 1e-5
+        # float32 sums in another order (each device's, then psum): about 1e-6 apart for sums of a few
+        # hundred O(1) terms, so a gradient that cancels to 0.03 (the shared scale's, seed 2527525212)
+        # differs by 1.6e-5 of itself; a wrong gradient (a shard missed or counted twice) is off by far more.
+        assert float(jnp.max(jnp.abs(ref))) > 0
+        np.testing.assert_allclose(np.asarray(ours), np.asarray(ref), rtol=1e-5, atol=2e-6)
 
 
 @pytest.mark.parametrize("kw", [{}, {"transpose_w": True}, {"swiglu_input": True}])
