@@ -14,6 +14,9 @@
 
 namespace te_async {
 
+// The most blocks a thread-block cluster may have without opting in to a non-portable size.
+constexpr int kPortableClusterSize = 8;
+
 // The launch attribute for thread-block clusters of `cluster` blocks along x.
 inline cudaLaunchAttribute ClusterDimension(int cluster) {
   cudaLaunchAttribute attr = {};

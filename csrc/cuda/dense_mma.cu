@@ -48,7 +48,7 @@ constexpr int kBlocksPerSm = 2;
 constexpr int kTileN = 64;   // columns per block
 constexpr int kStepK = 16;   // k-rows per mma
 constexpr int kUnroll = 2;   // k-steps a warp loads before their mmas (4 KB of weights in flight per warp)
-constexpr int kMaxSlices = 8;  // the portable thread-block cluster size
+constexpr int kMaxSlices = kPortableClusterSize;
 constexpr int kRows = static_cast<int>(kDenseMmaMaxRows);
 constexpr int kLd = kTileN + 4;  // padded row of the per-warp sums
 

@@ -99,7 +99,7 @@ constexpr int kKnCx = 16;
 constexpr int kKnRowsPerLoad = kThreads / kKnCx;  // k-rows of a block's load; a thread's rows are this far apart
 static_assert(kKnCx == 16, "KnItem's reduction sums the 2 k-slices of a warp (lanes 16 apart)");
 constexpr int kSplitKGranule = 256;    // a K slice is a multiple of every kStep (kKnRowsPerLoad * U k-rows)
-constexpr int kMaxSlices = 8;          // K slices of an item: the portable thread-block cluster size
+constexpr int kMaxSlices = kPortableClusterSize;  // K slices of an item
 constexpr int kFusedMaxRows = static_cast<int>(kSmallGroupsFusedMaxRows);
 
 // ---- element helpers -----------------------------------------------------------------------

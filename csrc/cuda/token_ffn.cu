@@ -92,7 +92,7 @@ constexpr int kUnroll = 8;        // loads in flight per thread
 constexpr int kNormSums = 32;     // sums of 8 threads' partials of x^2, in one order for both kernels
 constexpr int kMaxHidden = 4096;  // x in shared memory as f32, with the sums' scratch
 constexpr int kMaxUnits = 256;
-constexpr int kMaxSlices = 8;     // blocks of an item's cluster: the portable cluster size
+constexpr int kMaxSlices = kPortableClusterSize;  // blocks of an item's cluster
 
 struct TokenNorm {
   const void* scale = nullptr;  // [H], x's dtype or f32; nullptr: x is used as it is

@@ -212,7 +212,7 @@ constexpr int kSliceVectors = 16;
 constexpr int kSliceColumns = kSliceVectors * 8;
 constexpr int kSliceGroups = kSliceThreads / kSliceVectors;  // a thread's rows are this far apart
 constexpr int kSliceLoads = 8;
-constexpr int kMaxSlices = 8;  // the portable cluster size
+constexpr int kMaxSlices = kPortableClusterSize;
 
 template <int kMaxHidden, int kParts>
 __global__ void __launch_bounds__(kSliceThreads, 2) SlicedProductKernel(ProductArgs a, int slice_rows) {
