@@ -8,9 +8,12 @@ splits of the rows over the experts: even (384 rows each), and the skewed split 
 TransformerEngine stall report (docs/diagnosis-grouped-linear-stall.md; 12288 rows, with empty
 experts). Beside te_async's modes: torch._grouped_mm where torch with CUDA imports (the same
 run), jax.lax.ragged_dot (XLA), the Pallas Mosaic-GPU ragged_dot_mgpu where it
-imports (forward form only), and a dense GEMM of the same FLOPs. TFLOP/s are given by wall clock
-and, on a GPU, by GPU time: for the JAX contenders the call's kernel time from the profiler, for
-torch CUDA events around back-to-back calls.
+imports (forward form only), and a dense GEMM of the same FLOPs. TFLOP/s are given three ways:
+wall clock of batches of 3 calls (a call's dispatch and the wait at the batch's end weigh in, as
+for a GEMM called alone), wall clock of a stream of STREAM_CALLS calls blocked on once (the rate of
+back-to-back GEMMs, where the host's fixed latency is spread thin: a jitted JAX call pays about
+100-300 µs of it per batch, torch's eager launch a few µs), and, on a GPU, GPU time: for the JAX
+contenders the call's kernel time from the profiler, for torch CUDA events around back-to-back calls.
 """
 
 import functools
@@ -40,6 +43,7 @@ REPORT_TFLOPS = {"H800": {"fc1": 253.4, "fc2": 133.3}, "A800": {"fc1": 149.3, "f
 # [G, N, K]) and weight gradient x^T dy.
 FORMS = {"m": dict(ragged="m"), "mT": dict(ragged="m", transpose_rhs=True), "k": dict(ragged="k")}
 TORCH = "torch_grouped_mm"
+STREAM_CALLS = 30  # calls of the stream measure (module docstring)
 
 
 def gemms(model) -> dict:
@@ -129,21 +133,26 @@ def _torch_case(form: str, lhs_sets):
 
 def _measure(name: str, fn, form: str, lhs_sets, reps: int, config, flops: int) -> tuple:
     """(timing fields, the output as numpy or None for the dense GEMM) of one contender."""
+    def timed(fn, sets, block, gpu_seconds):
+        t = timing.time_calls(fn, sets, reps=reps, inner=3, block=block)
+        stream = timing.time_calls(fn, sets, reps=max(3, reps // 3), inner=STREAM_CALLS, block=block)
+        gpu_s = gpu_seconds(fn, sets, calls=max(3, reps // 3))
+        return {**t.as_dict(), "tflops": flops / t.median_s / 1e12, "stream_ms": 1e3 * stream.median_s,
+                "stream_tflops": flops / stream.median_s / 1e12,
+                "gpu_tflops": None if gpu_s is None else flops / gpu_s / 1e12}
+
     if name == TORCH:
         fn, sets, output = _torch_case(form, lhs_sets)
-        t = timing.time_calls(fn, sets, reps=reps, inner=3, block=torch_reference.block)
-        gpu_s = torch_reference.gpu_seconds(fn, sets, calls=max(3, reps // 3))
-        return {**t.as_dict(), "tflops": flops / t.median_s / 1e12, "gpu_tflops": flops / gpu_s / 1e12}, output(fn(*sets[0]))
+        return timed(fn, sets, torch_reference.block, torch_reference.gpu_seconds), output(fn(*sets[0]))
     # TE_ASYNC_CUTLASS_CONFIG is read when a call is traced, and each contender is a fresh jit, so
     # no cached executable keeps an earlier config.
     with mock.patch.dict(os.environ, {"TE_ASYNC_CUTLASS_CONFIG": config} if config else {}):
         f = jax.jit(fn)
-        reps = reps if name != "xla_ragged_dot" else max(5, reps // 6)  # ~25 ms per call
-        t = timing.time_calls(f, lhs_sets, reps=reps, inner=3)
-        gpu_s = timing.device_time_s(f, lhs_sets, calls=max(3, reps // 3))
+        if name == "xla_ragged_dot":  # ~25 ms per call
+            reps = max(5, reps // 6)
+        fields = timed(f, lhs_sets, jax.block_until_ready, timing.device_time_s)
         out = None if name == "dense_same_flops" else np.asarray(f(*lhs_sets[0]), np.float32)
-    return {**t.as_dict(), "tflops": flops / t.median_s / 1e12,
-            "gpu_tflops": None if gpu_s is None else flops / gpu_s / 1e12}, out
+    return fields, out
 
 
 def run(args) -> dict:
@@ -198,7 +207,7 @@ def _line(row) -> str:
         return f"{row['gemm']} {row['split']:6s} {row['contender']:24s} error: {row['error'][:120]}"
     gpu = "" if row["gpu_tflops"] is None else f" (GPU time {row['gpu_tflops']:6.3g})"
     return (f"{row['gemm']} {row['split']:6s} {row['contender']:24s} {row['median_ms']:8.3f} ms {row['tflops']:7.3g} TFLOP/s"
-            f"{gpu} {row.get('kernel', '')}")
+            f" (stream {row['stream_tflops']:6.3g}){gpu} {row.get('kernel', '')}")
 
 
 def markdown(result) -> str:
@@ -213,11 +222,13 @@ def markdown(result) -> str:
             if r is None or "error" in r:
                 cells.append("—")
             else:
-                cells.append(f"{r['tflops']:.3g}" + ("" if r["gpu_tflops"] is None else f" / {r['gpu_tflops']:.3g}"))
+                cells.append(f"{r['tflops']:.3g} / {r['stream_tflops']:.3g}"
+                             + ("" if r["gpu_tflops"] is None else f" / {r['gpu_tflops']:.3g}"))
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     report = result["report_tflops"]
     lines.append("")
-    lines.append(f"TFLOP/s, median, {result['preset']}, {result['tokens']} tokens: wall clock of back-to-back calls / GPU time "
-                 "of the call's kernels (profiler; torch: CUDA events around back-to-back calls), where there is a GPU. TransformerEngine 1.13 in the stall report "
+    lines.append(f"TFLOP/s, median, {result['preset']}, {result['tokens']} tokens: wall clock of batches of 3 calls / "
+                 f"of a stream of {STREAM_CALLS} calls / GPU time of the call's kernels (profiler; torch: CUDA events "
+                 "around back-to-back calls), where there is a GPU. TransformerEngine 1.13 in the stall report "
                  "(DeepSeek-V2-Lite, even split): " + "; ".join(f"{gpu} fc1 {v['fc1']:.0f} / fc2 {v['fc2']:.0f}" for gpu, v in report.items()))
     return "\n".join(lines) + "\n"
