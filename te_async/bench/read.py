@@ -4,8 +4,10 @@ Every floor here is bytes over the read bandwidth of one 2 GiB sum (timing.hbm_b
 decode step's kernels read far less each: at DeepSeek-V2-Lite's batch 1 a MoE layer's experts are
 138 MB, its shared experts 34.6 MB, one routed expert 17.3 MB, so a kernel's start, ramp and tail
 weigh more than they do in 2 GiB. This times the same probe, XLA's sum of a float32 buffer (its
-kernels' GPU busy time on a GPU, wall clock elsewhere), at each size and gives its time over the
-floor of its bytes: about what "within 1.3× of the floor" asks of a kernel of that size.
+kernels' GPU busy time on a GPU, wall clock elsewhere), at each size, each read cold (sizes under
+timing.COLD_BYTES read copies in turn: one buffer read again sits in L2, which made a 34.6 MB read
+look as fast as the floor on an H100), and gives its time over the floor of its bytes: about what
+"within 1.3× of the floor" asks of a kernel of that size.
 """
 
 import jax

@@ -166,15 +166,20 @@ def profile_steps(run_step: Callable[[int], object], log_dir, *, steps: int = 3,
     return {**{k: summary[k] for k in PROFILE_KEYS}, "n_host_syncs": syncs}, (s["start_us"], s["end_us"])
 
 
+COLD_BYTES = 256 * 2**20  # more than any GPU's L2 several times over (H100 50 MB, H200 60 MB)
+
+
 def hbm_bandwidth(gib: Optional[float] = None) -> float:
     """HBM read bandwidth, bytes per second: a sum over `gib` GiB, on its GPU time where there is one
     (the floor of a weight-reading kernel is its bytes over this). By default 2 GiB on a GPU and
-    1/32 elsewhere, where the floor means little and a large probe is slow."""
+    1/32 elsewhere, where the floor means little and a large probe is slow. A buffer smaller than
+    COLD_BYTES is one of as many copies as fill it, read in turn, so that no read finds its bytes
+    in L2 from the read before (a decode kernel's weights are cold too)."""
     gib = gib or (2.0 if jax.default_backend() == "gpu" else 1 / 32)
     n = int(gib * 2**30) // 4
-    x = jnp.ones(n, dtype=jnp.float32)
+    copies = [(jnp.full(n, 1.0 + i, dtype=jnp.float32),) for i in range(max(1, -(-COLD_BYTES // (4 * n))))]
     total = jax.jit(jnp.sum)
-    seconds = device_time_s(total, [(x,)], calls=5) or time_calls(total, [(x,)], reps=10, inner=3).median_s
+    seconds = device_time_s(total, copies, calls=max(5, min(len(copies), 32))) or time_calls(total, copies, reps=10, inner=3).median_s
     return n * 4 / seconds
 
 

@@ -46,6 +46,9 @@ PYTHONPATH=/tmp/w_main OUT=$R step 150 $R/token_ffn_probe.log python3 -P $S/tool
 echo "token_ffn probe (at $((SECONDS - T0)) s):" >> $L; grep -E " us |HBM|max " $R/token_ffn_probe.log >> $L
 step 60 $R/probe_build.log nvcc -O3 -std=c++17 -arch=sm_90a $S/docs/results/2026-12-06-h100-kn-reads/stripe_read_probe.cu -o $R/srp &&
   for n in 34 64 34 64; do step 20 $R/probe.txt $R/srp $n; done; cat $R/probe.txt >> $L 2>/dev/null
+# the read probe by size, each read cold (since stop 72): a kernel of a decode weight's size against the floor
+PYTHONPATH=/tmp/w_main step 60 $R/read.log python3 -P -m te_async.bench read --out $R/read
+echo "--- read (at $((SECONDS - T0)) s)" >> $L; grep -E '^\| [0-9]' $R/read/read.md >> $L
 echo "=== done at $((SECONDS - T0)) s" >> $L
 gzip -f $R/*.log; tar czf $OUT/results.tgz -C $R --exclude='traces' --exclude='srp' .
 cat $L
