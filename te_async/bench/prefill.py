@@ -10,11 +10,10 @@ experts). Beside te_async's modes: torch._grouped_mm where torch with CUDA impor
 run), jax.lax.ragged_dot (XLA), the Pallas Mosaic-GPU ragged_dot_mgpu where it
 imports (forward form only), and a dense GEMM of the same FLOPs. TFLOP/s are given three ways:
 wall clock of batches of 3 calls (a call's dispatch and the wait at the batch's end weigh in, as
-for a GEMM called alone); the stream, the wall clock a call adds to a stream of back-to-back calls
-blocked on once ((2N t_2N - N t_N) / N with N = STREAM_CALLS: the rate of back-to-back GEMMs, the
-batch's fixed latency cancelled, which a jitted JAX call pays far more of than torch's eager launch);
-and, on a GPU, GPU time: for the JAX contenders the call's kernel time from the profiler, for torch
-CUDA events around back-to-back calls.
+for a GEMM called alone), wall clock of a stream of STREAM_CALLS calls blocked on once (the rate of
+back-to-back GEMMs, where the host's fixed latency is spread thin: a jitted JAX call pays about
+100-300 µs of it per batch, torch's eager launch a few µs), and, on a GPU, GPU time: for the JAX
+contenders the call's kernel time from the profiler, for torch CUDA events around back-to-back calls.
 """
 
 import functools
@@ -44,7 +43,7 @@ REPORT_TFLOPS = {"H800": {"fc1": 253.4, "fc2": 133.3}, "A800": {"fc1": 149.3, "f
 # [G, N, K]) and weight gradient x^T dy.
 FORMS = {"m": dict(ragged="m"), "mT": dict(ragged="m", transpose_rhs=True), "k": dict(ragged="k")}
 TORCH = "torch_grouped_mm"
-STREAM_CALLS = 20  # N of the stream measure (module docstring)
+STREAM_CALLS = 30  # calls of the stream measure (module docstring)
 
 
 def gemms(model) -> dict:
@@ -136,12 +135,10 @@ def _measure(name: str, fn, form: str, lhs_sets, reps: int, config, flops: int) 
     """(timing fields, the output as numpy or None for the dense GEMM) of one contender."""
     def timed(fn, sets, block, gpu_seconds):
         t = timing.time_calls(fn, sets, reps=reps, inner=3, block=block)
-        short, long = (timing.time_calls(fn, sets, reps=max(3, reps // 3), inner=n * STREAM_CALLS, block=block).median_s
-                       for n in (1, 2))
-        stream_s = 2 * long - short  # noise can make it <= 0 for a call far below the timer's spread
+        stream = timing.time_calls(fn, sets, reps=max(3, reps // 3), inner=STREAM_CALLS, block=block)
         gpu_s = gpu_seconds(fn, sets, calls=max(3, reps // 3))
-        return {**t.as_dict(), "tflops": flops / t.median_s / 1e12, "stream_ms": 1e3 * stream_s,
-                "stream_tflops": flops / stream_s / 1e12 if stream_s > 0 else None,
+        return {**t.as_dict(), "tflops": flops / t.median_s / 1e12, "stream_ms": 1e3 * stream.median_s,
+                "stream_tflops": flops / stream.median_s / 1e12,
                 "gpu_tflops": None if gpu_s is None else flops / gpu_s / 1e12}
 
     if name == TORCH:
@@ -210,11 +207,7 @@ def _line(row) -> str:
         return f"{row['gemm']} {row['split']:6s} {row['contender']:24s} error: {row['error'][:120]}"
     gpu = "" if row["gpu_tflops"] is None else f" (GPU time {row['gpu_tflops']:6.3g})"
     return (f"{row['gemm']} {row['split']:6s} {row['contender']:24s} {row['median_ms']:8.3f} ms {row['tflops']:7.3g} TFLOP/s"
-            f" (stream {_rate(row['stream_tflops'])}){gpu} {row.get('kernel', '')}")
-
-
-def _rate(tflops) -> str:
-    return "—" if tflops is None else f"{tflops:.3g}"
+            f" (stream {row['stream_tflops']:6.3g}){gpu} {row.get('kernel', '')}")
 
 
 def markdown(result) -> str:
@@ -229,13 +222,13 @@ def markdown(result) -> str:
             if r is None or "error" in r:
                 cells.append("—")
             else:
-                cells.append(f"{r['tflops']:.3g} / {_rate(r['stream_tflops'])}"
+                cells.append(f"{r['tflops']:.3g} / {r['stream_tflops']:.3g}"
                              + ("" if r["gpu_tflops"] is None else f" / {r['gpu_tflops']:.3g}"))
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     report = result["report_tflops"]
     lines.append("")
     lines.append(f"TFLOP/s, median, {result['preset']}, {result['tokens']} tokens: wall clock of batches of 3 calls / "
-                 f"of a call in a stream (the slope between {STREAM_CALLS} and {2 * STREAM_CALLS} back-to-back calls) / GPU time of the call's kernels (profiler; torch: CUDA events "
+                 f"of a stream of {STREAM_CALLS} calls / GPU time of the call's kernels (profiler; torch: CUDA events "
                  "around back-to-back calls), where there is a GPU. TransformerEngine 1.13 in the stall report "
                  "(DeepSeek-V2-Lite, even split): " + "; ".join(f"{gpu} fc1 {v['fc1']:.0f} / fc2 {v['fc2']:.0f}" for gpu, v in report.items()))
     return "\n".join(lines) + "\n"
