@@ -59,12 +59,13 @@ enum class Tile : int {
   kPing64x128C1x1 = 2,   // ping-pong, one warp group per 64x128 tile: groups of a few dozen rows
   kPing128x128C1x2 = 3,  // ping-pong 128x128: epilogue of one warp group hidden behind the other's
   kPing128x128C2x1 = 4,  //   mainloop; for short reductions (few K-steps a tile)
+  kCoop128x256C2x1 = 5,  // cooperative 128x256, B multicast (torch._grouped_mm's sm90 config)
 };
-inline constexpr int kNumTiles = 5;
+inline constexpr int kNumTiles = 6;
 
 // Which forms run each config. CMakeLists.txt reads the lines of kTileForms (one per config) and
 // compiles one TU per (dtype, form, config) listed here, so a config costs build time only where
-// it is used: 4 per ragged-m form, 3 for ragged k, times 2 dtypes.
+// it is used: 4 per ragged-m form, 4 for ragged k, times 2 dtypes.
 enum FormBit : unsigned { kFormM = 1u << 0, kFormMT = 1u << 1, kFormK = 1u << 2 };
 struct TileForms {
   Tile tile;
@@ -76,6 +77,7 @@ inline constexpr TileForms kTileForms[kNumTiles] = {
     {Tile::kPing64x128C1x1, kFormM | kFormMT},
     {Tile::kPing128x128C1x2, kFormM | kFormMT | kFormK},
     {Tile::kPing128x128C2x1, kFormK},
+    {Tile::kCoop128x256C2x1, kFormK},
 };
 
 constexpr bool FormHasTile(Form f, Tile t) {
@@ -97,6 +99,8 @@ inline const char* TileName(Tile t) {
       return "cutlass_sm90_pingpong_128x128x64_c1x2";
     case Tile::kPing128x128C2x1:
       return "cutlass_sm90_pingpong_128x128x64_c2x1";
+    case Tile::kCoop128x256C2x1:
+      return "cutlass_sm90_coop_128x256x64_c2x1";
   }
   return "unknown";
 }
@@ -232,6 +236,8 @@ template <>
 struct TileTraits<Tile::kPing128x128C1x2> : TileSpec<128, 128, 1, 2, false> {};
 template <>
 struct TileTraits<Tile::kPing128x128C2x1> : TileSpec<128, 128, 2, 1, false> {};
+template <>
+struct TileTraits<Tile::kCoop128x256C2x1> : TileSpec<128, 256, 2, 1, true> {};
 
 // The CUTLASS kernel of one (dtype, form, tile): f32 accumulation, D = acc in the input dtype,
 // no C operand (ElementC = void: no source load, no C smem; beta stays 0).
