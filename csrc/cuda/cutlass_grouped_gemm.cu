@@ -76,13 +76,19 @@ double ClusterPad(int64_t tiles) { return tiles % 2 == 0 ? 0.0 : 1.0 / static_ca
 // Ragged k (wgrad): group g is a (K x N) output with an m_g-long reduction; the output tile grid
 // is exact (static K and N), only the reduction length, about r, varies. Every tile's epilogue
 // stores a whole 32-64 KB tile after a short mainloop.
-//  * cooperative 128x256x64 with a 1x2 cluster where ceil(N/256) is even or the reduction is
+//  * cooperative 128x256x64 with a 2x1 cluster (B, dy's 32 KB a step, multicast; torch._grouped_mm's
+//    sm90 config) where ceil(K/128) is even, so that no tile is padding. A sweep on an H100
+//    (2026-12-07, docs/results/2026-12-07-h100-wgrad-c2x1/, GPU time against the rule below):
+//    DeepSeek fc1 wgrad skewed 322 against 301, even 457 against 464; Qwen3 fc1 wgrad even 399
+//    against 374, fc2 even 380 against 367, both skewed 1 % ahead. DeepSeek's fc2 wgrad (K = 1408,
+//    11 tiles) lost with it (439 against 462) and keeps the rule below.
+//  * else cooperative 128x256x64 with a 1x2 cluster where ceil(N/256) is even or the reduction is
 //    long (r >= 1024): Qwen3 fc1 wgrad (N = 1536) 407 against ping-pong's 382, fc2 (N = 2048) 383
 //    against 349; DeepSeek fc2 (N = 2048) 476 against 483 even, 314 against 291 skewed.
 //  * else ping-pong 128x128x64 (one warp group's epilogue under the other's mainloop), cluster
-//    1x2 when ceil(N/128) is even, 2x1 when only ceil(K/128) is, else the smaller padding:
-//    DeepSeek's fc1 wgrad (N = 2816, 11 N-tiles of 256, so the cooperative cluster pads 1 in 12)
-//    532 against 479.
+//    1x2, or 2x1 where that pads less (ceil(K/128) is odd here). On the H200 sweep DeepSeek's fc1
+//    wgrad (N = 2816, 11 N-tiles of 256, so the 1x2 cooperative cluster pads 1 in 12) ran it at
+//    532 against 479; it now takes the 2x1 cooperative tile above.
 // TE_ASYNC_CUTLASS_CONFIG=<config name> overrides the choice when the form runs that config (for
 // benchmarks and tests; the workspace covers every config of the form); te_async/plan.py reads it
 // when a call is traced and passes it to CutlassSm90Config.
@@ -91,6 +97,7 @@ Tile HeuristicTile(const GroupedGemmShape& s) {
   const int64_t groups = s.groups > 0 ? s.groups : 1;
   const int64_t r = s.rows / groups;
   if (!s.ragged_k) return r <= 64 ? Tile::kPing64x128C1x1 : Tile::kCoop128x256C1x1;
+  if (CeilDiv(s.k, 128) % 2 == 0) return Tile::kCoop128x256C2x1;
   if (r >= kLongReduction || CeilDiv(s.n, 256) % 2 == 0) return Tile::kCoop128x256C1x2;
   const double pad_n = ClusterPad(CeilDiv(s.n, 128));
   const double pad_m = ClusterPad(CeilDiv(s.k, 128));
