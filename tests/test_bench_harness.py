@@ -285,6 +285,40 @@ def test_read_bench_gives_each_size_against_the_largest(tmp_path):
         (tmp_path / "read.md").read_text()
 
 
+@pytest.mark.parametrize("gib,copies", [(2 / 1024, 128), (0.1, 3), (0.3, 1)])
+def test_read_probe_reads_each_buffer_cold(monkeypatch, gib, copies):
+    """A buffer under timing.COLD_BYTES is one of as many distinct copies as fill it, read in turn, so
+    that no read finds the last one's bytes in L2; the bandwidth is the bytes of one over a read."""
+    seen = []
+
+    def fake_time(fn, inputs, **kw):
+        seen.append(inputs)
+        return 1e-3
+
+    monkeypatch.setattr(timing, "device_time_s", fake_time)
+    n = int(gib * 2**30) // 4
+    assert timing.hbm_bandwidth(gib) == pytest.approx(4 * n / 1e-3)
+    (inputs,) = seen
+    assert len(inputs) == copies and len(inputs) * 4 * n >= min(timing.COLD_BYTES, 4 * n)
+    firsts = [float(x[0]) for (x,) in inputs]
+    assert len(set(firsts)) == copies and all(x.shape == (n,) for (x,) in inputs)  # distinct buffers
+
+
+def test_prefill_bench_gives_three_rates(tmp_path):
+    """Batches of 3 calls, a stream of STREAM_CALLS blocked on once, and GPU time where there is one."""
+    cli.main(["prefill", "--preset", "tiny", "--gemms", "fc1", "--contenders", "te_async_device", "--reps", "3",
+              "--out", str(tmp_path)])
+    rows = json.loads((tmp_path / "prefill.json").read_text())["results"]
+    assert [(r["gemm"], r["split"]) for r in rows] == [("fc1", "even"), ("fc1", "skewed")]
+    for r in rows:
+        assert r["stream_tflops"] > 0 and r["stream_tflops"] == pytest.approx(
+            2 * r["m"] * r["k"] * r["n"] / (r["stream_ms"] * 1e-3) / 1e12)
+        assert (r["gpu_tflops"] is None) == (jax.default_backend() != "gpu")
+    md = (tmp_path / "prefill.md").read_text()
+    assert f"| te_async_device | {rows[0]['tflops']:.3g} / {rows[0]['stream_tflops']:.3g}" in md
+    assert f"of a stream of {prefill.STREAM_CALLS} calls" in md
+
+
 @pytest.mark.parametrize("mb", ["0", "-1", "inf"])
 def test_read_bench_refuses_a_size_that_is_not_positive(tmp_path, capsys, mb):
     with pytest.raises(SystemExit):
