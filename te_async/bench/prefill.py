@@ -11,9 +11,10 @@ run), jax.lax.ragged_dot (XLA), the Pallas Mosaic-GPU ragged_dot_mgpu where it
 imports (forward form only), and a dense GEMM of the same FLOPs. TFLOP/s are given three ways:
 wall clock of batches of 3 calls (a call's dispatch and the wait at the batch's end weigh in, as
 for a GEMM called alone), wall clock of a stream of STREAM_CALLS calls blocked on once (the rate of
-back-to-back GEMMs, where the host's fixed latency is spread thin: a jitted JAX call pays about
-100-300 µs of it per batch, torch's eager launch a few µs), and, on a GPU, GPU time: for the JAX
-contenders the call's kernel time from the profiler, for torch CUDA events around back-to-back calls.
+back-to-back GEMMs, where the batch's fixed latency, far larger for a jitted JAX call than for torch's
+eager launch, is spread thin: on an H100 it still added 10-17 µs a call to te_async's GPU timeline,
+docs/results/2026-12-07-h100-prefill-stream), and, on a GPU, GPU time: for the JAX contenders the
+call's kernel time from the profiler, for torch CUDA events around back-to-back calls.
 """
 
 import functools
