@@ -93,6 +93,8 @@ struct DeviceInfo {
   int sm_count = 0;
 };
 xla::ffi::ErrorOr<DeviceInfo> QueryDevice(int device);
+// QueryDevice of the calling thread's current device, for handlers that do not bind XLA's device ordinal.
+xla::ffi::ErrorOr<DeviceInfo> QueryCurrentDevice();
 
 // The DeviceGemm of a handler's buffers on a device (no workspace; the caller adds one). group_sizes
 // is device memory, or nullptr for a dense GEMM (small_groups only).

@@ -244,9 +244,7 @@ ffi::Error GqaTokenBlock(cudaStream_t stream, BF16Buffer x, BF16Buffer norm, BF1
                                      window, eps, input_projections));
   const ProductArgs output{Out(heads_out), nullptr, nullptr, In(wo), In(x), Out(out), static_cast<int>(batch),
                            static_cast<int>(rows), static_cast<int>(hidden), 0.f};
-  int device = 0;
-  TE_ASYNC_CUDA(cudaGetDevice(&device));
-  const auto info = QueryDevice(device);
+  const auto info = QueryCurrentDevice();
   if (info.has_error()) return info.error();
   return token_product::LaunchSliced<kGqaTokenBlockMaxRows, 1>(output, info->sm_count, info->compute_capability, stream,
                                                                true, "launch of o_proj's SlicedProductKernel");

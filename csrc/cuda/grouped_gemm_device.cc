@@ -32,6 +32,12 @@ ffi::ErrorOr<DeviceInfo> QueryDevice(int device) {
   return info;
 }
 
+ffi::ErrorOr<DeviceInfo> QueryCurrentDevice() {
+  int device = 0;
+  if (ffi::Error e = CudaStatus(cudaGetDevice(&device), "cudaGetDevice"); e.failure()) return ffi::Unexpected(e);
+  return QueryDevice(device);
+}
+
 DeviceGemm DeviceGemmOf(const GroupedGemmShape& s, ffi::AnyBuffer lhs, ffi::AnyBuffer rhs, const int32_t* group_sizes,
                         void* out, const DeviceInfo& info, unsigned long long* clamped_calls) {
   DeviceGemm g;

@@ -540,11 +540,7 @@ ffi::Error Poison(cudaStream_t stream, std::initializer_list<std::pair<void*, si
 
 // Whether the device takes programmatic dependent launches (compute capability 9.0 and up).
 ffi::ErrorOr<bool> ProgrammaticLaunches() {
-  int device = 0;
-  if (const cudaError_t status = cudaGetDevice(&device); status != cudaSuccess) {
-    return ffi::Unexpected(CudaStatus(status, "cudaGetDevice"));
-  }
-  auto info = QueryDevice(device);
+  auto info = QueryCurrentDevice();
   if (info.has_error()) return ffi::Unexpected(info.error());
   return info->compute_capability >= 90;
 }

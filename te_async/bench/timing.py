@@ -179,7 +179,8 @@ def hbm_bandwidth(gib: Optional[float] = None) -> float:
     n = int(gib * 2**30) // 4
     copies = [(jnp.full(n, 1.0 + i, dtype=jnp.float32),) for i in range(max(1, -(-COLD_BYTES // (4 * n))))]
     total = jax.jit(jnp.sum)
-    seconds = device_time_s(total, copies, calls=max(5, min(len(copies), 32))) or time_calls(total, copies, reps=10, inner=3).median_s
+    calls = max(5, min(len(copies), 32))
+    seconds = device_time_s(total, copies, calls=calls) or time_calls(total, copies, reps=10, inner=3).median_s
     return n * 4 / seconds
 
 
