@@ -93,13 +93,25 @@ __global__ void __launch_bounds__(32 * kSplitWarps) DecodeAttentionKernel(Args a
   attention_tile::AttendChunk<DK, DR, DV, kValuesAreKeys, kSplitWarps>(keys, first, last, loaded,
                                                                    {rows, group, position, a.window}, a.scale_log2,
                                                                    smem, o);
+  // The block's partial output is one contiguous run of kRows (DV + 2) floats: staged in shared memory
+  // (the tiles and query rows, which AttendChunk no longer reads), then written in 16-byte stores. The
+  // MMA fragments' scattered 4-byte stores took about 5 of a block's 9 us after its wait at one
+  // sequence (H100, docs/results/2026-12-07-h100-mla-split).
+  constexpr int kPartialFloats = kRows * (DV + 2);
+  static_assert(kPartialFloats * sizeof(float) <= L::kStats && kPartialFloats % 4 == 0,
+                "the staged partial fits below the stats, in whole 16-byte vectors");
+  float* staged = reinterpret_cast<float*>(smem);
 #pragma unroll
-  for (int j = 0; j < L::kValueTiles; ++j) {
+  for (int j = 0; j < L::kValueTiles; ++j) {  // (DV + 2) and col are even: 8-byte aligned pairs
     const int col = warp * (DV / kSplitWarps) + j * 8 + 2 * t4;
-    partial[g * (DV + 2) + col] = o[j][0], partial[g * (DV + 2) + col + 1] = o[j][1];
-    partial[(g + 8) * (DV + 2) + col] = o[j][2], partial[(g + 8) * (DV + 2) + col + 1] = o[j][3];
+    *reinterpret_cast<float2*>(staged + g * (DV + 2) + col) = make_float2(o[j][0], o[j][1]);
+    *reinterpret_cast<float2*>(staged + (g + 8) * (DV + 2) + col) = make_float2(o[j][2], o[j][3]);
   }
-  if (tid < kRows) partial[tid * (DV + 2) + DV] = s_max[tid], partial[tid * (DV + 2) + DV + 1] = s_sum[tid];
+  if (tid < kRows) staged[tid * (DV + 2) + DV] = s_max[tid], staged[tid * (DV + 2) + DV + 1] = s_sum[tid];
+  __syncthreads();
+  const float4* from = reinterpret_cast<const float4*>(staged);
+  float4* to = reinterpret_cast<float4*>(partial);  // 16-byte aligned: a block's run is 64 (DV + 2) bytes
+  for (int i = tid; i < kPartialFloats / 4; i += L::kThreads) to[i] = from[i];
 }
 
 // The merge: out = sum_s 2^(max_s - M) O_s / sum_s 2^(max_s - M) sum_s over the splits s of a row.
