@@ -326,7 +326,9 @@ ffi::Error MlaToken(cudaStream_t stream, ffi::Buffer<ffi::BF16> x, ffi::Buffer<f
     for (auto* r : {&out, &projected, &q_latent, &q_rope}) {
       TE_ASYNC_CUDA(cudaMemsetAsync((*r)->untyped_data(), 0xff, (*r)->size_bytes(), stream));
     }
-    TE_ASYNC_CUDA(cudaMemsetAsync(attention->untyped_data(), 0xff, attention->size_bytes(), stream));
+    for (auto* r : {&partial, &attention}) {  // the splits' outputs too: only a split that sees no key leaves its O unwritten
+      TE_ASYNC_CUDA(cudaMemsetAsync((*r)->untyped_data(), 0xff, (*r)->size_bytes(), stream));
+    }
   }
   const ProductArgs input{in(x), nullptr, in(norm), in(w_in), nullptr, res(projected), static_cast<int>(batch),
                           static_cast<int>(hidden), static_cast<int>(width), eps};
