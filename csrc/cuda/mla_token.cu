@@ -326,7 +326,7 @@ ffi::Error MlaToken(cudaStream_t stream, ffi::Buffer<ffi::BF16> x, ffi::Buffer<f
     for (auto* r : {&out, &projected, &q_latent, &q_rope}) {
       TE_ASYNC_CUDA(cudaMemsetAsync((*r)->untyped_data(), 0xff, (*r)->size_bytes(), stream));
     }
-    for (auto* r : {&partial, &attention}) {  // the splits' outputs too: only a split that sees no key leaves its O unwritten
+    for (auto* r : {&partial, &attention}) {  // the splits' too: only one that sees no key leaves its O unwritten
       TE_ASYNC_CUDA(cudaMemsetAsync((*r)->untyped_data(), 0xff, (*r)->size_bytes(), stream));
     }
   }
