@@ -25,7 +25,7 @@
 #include "cuda/decode_attention.h"
 #include "cuda/decode_attention_kernels.cuh"
 #include "cuda/handlers.h"
-#include "debug_flags.h"
+#include "cuda/poison.h"
 
 namespace te_async {
 namespace {
@@ -94,10 +94,8 @@ ffi::Error DecodeAttention(cudaStream_t stream, ffi::Buffer<ffi::BF16> q, ffi::B
          static_cast<int>(window), 0,
          scale * kLog2e, partial->typed_data(), static_cast<bf16*>(out->untyped_data())};
   a.chunk = SplitChunk(max_len, splits);
-  if (PoisonOutputs()) {  // the splits' outputs too: only a split that sees no key leaves its O unwritten
-    TE_ASYNC_CUDA(cudaMemsetAsync(out->untyped_data(), 0xff, out->size_bytes(), stream));
-    TE_ASYNC_CUDA(cudaMemsetAsync(partial->untyped_data(), 0xff, partial->size_bytes(), stream));
-  }
+  // The splits' outputs too: only a split that sees no key leaves its O unwritten.
+  TE_ASYNC_RETURN_IF_ERROR(PoisonOutputBuffers(stream, *out, *partial));
   if (out->element_count() == 0) return ffi::Error::Success();
   return WithShape(
       static_cast<int>(dk), static_cast<int>(dr), static_cast<int>(dv), values_are_keys,

@@ -10,7 +10,7 @@
 #include "cuda/cuda_check.h"
 #include "cuda/device_gemm.h"
 #include "cuda/handlers.h"
-#include "debug_flags.h"
+#include "cuda/poison.h"
 #include "grouped_gemm_args.h"
 
 namespace te_async {
@@ -40,7 +40,7 @@ ffi::Error DenseGemm(cudaStream_t stream, int32_t device, ffi::AnyBuffer lhs, ff
   }
   auto info = QueryDevice(device);
   if (info.has_error()) return info.error();
-  if (PoisonOutputs()) TE_ASYNC_CUDA(cudaMemsetAsync(out->untyped_data(), 0xff, out->size_bytes(), stream));
+  TE_ASYNC_RETURN_IF_ERROR(PoisonOutputBuffers(stream, *out));
   if (out->element_count() == 0) return ffi::Error::Success();
 
   const DeviceGemm g = DeviceGemmOf(s, lhs, rhs, nullptr, out->untyped_data(), *info, nullptr);

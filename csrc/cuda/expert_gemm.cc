@@ -11,7 +11,7 @@
 #include "cuda/device_gemm.h"
 #include "cuda/cuda_check.h"
 #include "cuda/handlers.h"
-#include "debug_flags.h"
+#include "cuda/poison.h"
 #include "grouped_gemm_args.h"
 
 namespace te_async {
@@ -52,7 +52,7 @@ ffi::Error ExpertGemm(cudaStream_t stream, int32_t device, ffi::AnyBuffer lhs, f
   if (info.has_error()) return info.error();
   auto counters = CountersOnDevice(device);
   if (counters.has_error()) return counters.error();
-  if (PoisonOutputs()) TE_ASYNC_CUDA(cudaMemsetAsync(out->untyped_data(), 0xff, out->size_bytes(), stream));
+  TE_ASYNC_RETURN_IF_ERROR(PoisonOutputBuffers(stream, *out));
   if (out->element_count() == 0) return ffi::Error::Success();
 
   const DeviceGemm g = DeviceGemmOf(s, lhs, rhs, static_cast<const int32_t*>(group_sizes.untyped_data()),

@@ -40,9 +40,9 @@
 #include "cuda/gqa_token.h"
 #include "cuda/handlers.h"
 #include "cuda/norm_rope.cuh"
+#include "cuda/poison.h"
 #include "cuda/programmatic_launch.cuh"
 #include "cuda/token_product.cuh"
-#include "debug_flags.h"
 #include "grouped_gemm_args.h"
 
 namespace te_async {
@@ -169,12 +169,7 @@ ffi::Error Attention(cudaStream_t stream, const bf16* projected, ffi::Span<const
     return bad("the cache outputs must alias the cache inputs");
   }
   const auto optional = [&](const BF16Buffer& b) { return b.element_count() == 0 ? nullptr : In(b); };
-  if (PoisonOutputs()) {
-    for (auto* r : {&out, &q}) {
-      TE_ASYNC_CUDA(cudaMemsetAsync((*r)->untyped_data(), 0xff, (*r)->size_bytes(), stream));
-    }
-    TE_ASYNC_CUDA(cudaMemsetAsync(partial->untyped_data(), 0xff, partial->size_bytes(), stream));
-  }
+  TE_ASYNC_RETURN_IF_ERROR(PoisonOutputBuffers(stream, *out, *q, *partial));
   const PrepArgs prep{projected, optional(q_norm), optional(k_norm), cos.typed_data(), sin.typed_data(),
                       layer.typed_data(), position.typed_data(), Out(k_out), Out(v_out), Out(q),
                       static_cast<int>(batch), static_cast<int>(heads), static_cast<int>(kv_heads),
@@ -228,11 +223,7 @@ ffi::Error GqaTokenBlock(cudaStream_t stream, BF16Buffer x, BF16Buffer norm, BF1
                std::to_string(kGqaTokenBlockRowStep) + ", at most " + std::to_string(kGqaTokenBlockMaxHidden) +
                " and " + std::to_string(kGqaTokenBlockMaxRows));
   }
-  if (PoisonOutputs()) {
-    for (auto* r : {&out, &projected}) {
-      TE_ASYNC_CUDA(cudaMemsetAsync((*r)->untyped_data(), 0xff, (*r)->size_bytes(), stream));
-    }
-  }
+  TE_ASYNC_RETURN_IF_ERROR(PoisonOutputBuffers(stream, *out, *projected));
   const ProductArgs input{In(x), nullptr, In(norm), In(w_in), nullptr, Out(projected), static_cast<int>(batch),
                           static_cast<int>(hidden), static_cast<int>(width), eps};
   const auto input_projections = [&] {

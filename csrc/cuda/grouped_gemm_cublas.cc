@@ -17,6 +17,7 @@
 #include "cuda/handlers.h"
 #include "cuda/host_size_slots.h"
 #include "cuda/host_sizes_guard.h"
+#include "cuda/poison.h"
 #include "cuda/stream_pool.h"
 #include "grouped_gemm_args.h"
 
@@ -193,7 +194,7 @@ ffi::Error GroupedGemmCuda(cudaStream_t stream, int32_t device, ffi::ScratchAllo
   const std::vector<int64_t> off = GroupOffsets(sizes.data(), s.groups);
 
   auto* out_data = static_cast<char*>(out->untyped_data());
-  if (PoisonOutputs()) TE_ASYNC_CUDA(cudaMemsetAsync(out_data, 0xff, out->size_bytes(), stream));  // NaN
+  TE_ASYNC_RETURN_IF_ERROR(PoisonOutputBuffers(stream, *out));
   TE_ASYNC_RETURN_IF_ERROR(ZeroUnwritten(s, off, out_data, stream));
   if (s.k == 0 || s.n == 0) return ffi::Error::Success();  // the output is all zeros (or empty)
   if (!*pinned) return LaunchGroups(device, s, off, lhs, rhs, out_data, async_host_sizes, scratch, stream);

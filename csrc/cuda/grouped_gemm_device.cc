@@ -12,6 +12,7 @@
 #include "cuda/device_counters.h"
 #include "cuda/device_gemm.h"
 #include "cuda/handlers.h"
+#include "cuda/poison.h"
 #include "debug_flags.h"
 #include "device_kernel_choice.h"
 #include "grouped_gemm_args.h"
@@ -149,7 +150,7 @@ ffi::Error GroupedGemmDevice(cudaStream_t stream, int32_t device, ffi::AnyBuffer
   if (counters.has_error()) return counters.error();
 
   if (CheckDeviceSizes()) TE_ASYNC_RETURN_IF_ERROR(CheckSizesSynchronously(s, group_sizes.untyped_data(), stream));
-  if (PoisonOutputs()) TE_ASYNC_CUDA(cudaMemsetAsync(out->untyped_data(), 0xff, out->size_bytes(), stream));
+  TE_ASYNC_RETURN_IF_ERROR(PoisonOutputBuffers(stream, *out));
   if (out->element_count() == 0) return ffi::Error::Success();
 
   DeviceGemm g = DeviceGemmOf(s, lhs, rhs, static_cast<const int32_t*>(group_sizes.untyped_data()), out->untyped_data(),

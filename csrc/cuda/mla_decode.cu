@@ -37,7 +37,7 @@
 #include "cuda/cuda_check.h"
 #include "cuda/handlers.h"
 #include "cuda/mla_decode.h"
-#include "debug_flags.h"
+#include "cuda/poison.h"
 
 namespace te_async {
 namespace {
@@ -415,7 +415,7 @@ ffi::Error MlaDecode(cudaStream_t stream, ffi::Buffer<ffi::BF16> q_nope, ffi::Bu
                ", got " + std::to_string(cluster));
   }
   if (window < 0) return bad("window must be 0 (none) or a positive number of keys, got " + std::to_string(window));
-  if (PoisonOutputs()) TE_ASYNC_CUDA(cudaMemsetAsync(out->untyped_data(), 0xff, out->size_bytes(), stream));
+  TE_ASYNC_RETURN_IF_ERROR(PoisonOutputBuffers(stream, *out));
   if (out->element_count() == 0) return ffi::Error::Success();
   auto plan = Plan(clusters, max_len, static_cast<int>(max_splits), static_cast<int>(cluster), static_cast<int>(splits));
   if (plan.has_error()) return plan.error();

@@ -46,10 +46,10 @@
 #include "cuda/mla_decode.h"
 #include "cuda/mla_token.h"
 #include "cuda/norm_rope.cuh"
+#include "cuda/poison.h"
 #include "cuda/programmatic_launch.cuh"
 #include "cuda/token_product.cuh"
 #include "cuda/vector_loads.cuh"
-#include "debug_flags.h"
 #include "grouped_gemm_args.h"
 
 namespace te_async {
@@ -322,14 +322,8 @@ ffi::Error MlaToken(cudaStream_t stream, ffi::Buffer<ffi::BF16> x, ffi::Buffer<f
   }
   const auto in = [](const ffi::Buffer<ffi::BF16>& b) { return static_cast<const bf16*>(b.untyped_data()); };
   const auto res = [](ffi::Result<ffi::Buffer<ffi::BF16>>& b) { return static_cast<bf16*>(b->untyped_data()); };
-  if (PoisonOutputs()) {
-    for (auto* r : {&out, &projected, &q_latent, &q_rope}) {
-      TE_ASYNC_CUDA(cudaMemsetAsync((*r)->untyped_data(), 0xff, (*r)->size_bytes(), stream));
-    }
-    for (auto* r : {&partial, &attention}) {  // the splits' too: only one that sees no key leaves its O unwritten
-      TE_ASYNC_CUDA(cudaMemsetAsync((*r)->untyped_data(), 0xff, (*r)->size_bytes(), stream));
-    }
-  }
+  // The splits' outputs too: only a split that sees no key leaves its O unwritten.
+  TE_ASYNC_RETURN_IF_ERROR(PoisonOutputBuffers(stream, *out, *projected, *q_latent, *q_rope, *partial, *attention));
   const ProductArgs input{in(x), nullptr, in(norm), in(w_in), nullptr, res(projected), static_cast<int>(batch),
                           static_cast<int>(hidden), static_cast<int>(width), eps};
   TE_ASYNC_RETURN_IF_ERROR((LaunchProduct<kInputColumns, kMlaTokenMaxHidden, kParts>(

@@ -28,8 +28,8 @@
 #include "cuda/cuda_check.h"
 #include "cuda/handlers.h"
 #include "cuda/moe_routing.h"
+#include "cuda/poison.h"
 #include "cuda/route_top_k.cuh"
-#include "debug_flags.h"
 
 namespace te_async {
 namespace {
@@ -194,15 +194,9 @@ ffi::Error RouteDecode(cudaStream_t stream, ffi::Buffer<ffi::F32> logits, ffi::B
                           biased ? bias.typed_data() : nullptr},
               weights->typed_data(), experts->typed_data(), group_sizes->typed_data(),
               choice_of_row->typed_data(), row_of_choice->typed_data()};
-  if (PoisonOutputs()) {  // every output element is written: poison shows one that is not
-    for (auto [p, bytes] : {std::pair<void*, size_t>{weights->untyped_data(), weights->size_bytes()},
-                            {experts->untyped_data(), experts->size_bytes()},
-                            {group_sizes->untyped_data(), group_sizes->size_bytes()},
-                            {choice_of_row->untyped_data(), choice_of_row->size_bytes()},
-                            {row_of_choice->untyped_data(), row_of_choice->size_bytes()}}) {
-      TE_ASYNC_CUDA(cudaMemsetAsync(p, 0xff, bytes, stream));
-    }
-  }
+  // Every output element is written: poison shows one that is not.
+  TE_ASYNC_RETURN_IF_ERROR(
+      PoisonOutputBuffers(stream, *weights, *experts, *group_sizes, *choice_of_row, *row_of_choice));
   WithForm(a.top, [&](auto form) { RouteKernel<decltype(form)><<<1, kRouteThreads, 0, stream>>>(a); });
   return CudaStatus(cudaGetLastError(), "launch of RouteKernel");
 }

@@ -73,10 +73,10 @@
 #include "cuda/device_gemm.h"
 #include "cuda/handlers.h"
 #include "cuda/moe_routing.h"
+#include "cuda/poison.h"
 #include "cuda/programmatic_launch.cuh"
 #include "cuda/route_top_k.cuh"
 #include "cuda/vector_loads.cuh"
-#include "debug_flags.h"
 #include "grouped_gemm_args.h"
 
 namespace te_async {
@@ -531,13 +531,6 @@ ffi::ErrorOr<TokenFfnArgs> FfnArgs(ffi::AnyBuffer x, ffi::AnyBuffer w1, ffi::Any
   return a;
 }
 
-// Every output element is written: poison (NaN, -1) shows one that is not.
-ffi::Error Poison(cudaStream_t stream, std::initializer_list<std::pair<void*, size_t>> buffers) {
-  if (!PoisonOutputs()) return ffi::Error::Success();
-  for (auto [p, bytes] : buffers) TE_ASYNC_CUDA(cudaMemsetAsync(p, 0xff, bytes, stream));
-  return ffi::Error::Success();
-}
-
 // Whether the device takes programmatic dependent launches (compute capability 9.0 and up).
 ffi::ErrorOr<bool> ProgrammaticLaunches() {
   auto info = QueryCurrentDevice();
@@ -583,7 +576,7 @@ ffi::Error TokenFfn(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer w1, ff
   a->experts = experts.typed_data();
   a->weights = weights.typed_data();
   a->shared_scale = shared_scale.typed_data();
-  TE_ASYNC_RETURN_IF_ERROR(Poison(stream, {{y->untyped_data(), y->size_bytes()}, {out->untyped_data(), out->size_bytes()}}));
+  TE_ASYNC_RETURN_IF_ERROR(PoisonOutputBuffers(stream, *y, *out));
   return LaunchFfn(*a, x.element_type(), false, *programmatic, y->untyped_data(), false, stream);
 }
 
@@ -654,10 +647,7 @@ ffi::Error TokenMoe(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer norm_s
                          static_cast<int>(hidden),
                          weights->typed_data(),
                          experts->typed_data()};
-  TE_ASYNC_RETURN_IF_ERROR(Poison(stream, {{y->untyped_data(), y->size_bytes()},
-                                           {out->untyped_data(), out->size_bytes()},
-                                           {weights->untyped_data(), weights->size_bytes()},
-                                           {experts->untyped_data(), experts->size_bytes()}}));
+  TE_ASYNC_RETURN_IF_ERROR(PoisonOutputBuffers(stream, *y, *out, *weights, *experts));
   const bool hopper = *programmatic, router_f32 = router_type == ffi::DataType::F32;
   const size_t smem = RouteSharedBytes(static_cast<int>(hidden), static_cast<int>(num_experts));
   TE_ASYNC_RETURN_IF_ERROR(x.element_type() == ffi::DataType::BF16
