@@ -8,6 +8,10 @@
 #                                   tree's Python copied over it (a trial's wheels: tools/build_device_wheel.sh)
 #   gpu_tests <name> <log> <seconds> <pytest args>...
 #                                   pytest on wheel <name>, poisoned outputs, a line with its result in $L
+#   generate <name> <out> <preset> [bench args]...
+#                                   bench generate at B=1 in device mode, 60 steps, on wheel <name>, into $R/<out>
+#                                   (R: the call's output folder), a line with its row in $L; Qwen3-30B-A3B on 24 of
+#                                   its 48 layers, which is what fits an H100 beside the cache
 T0=${T0:-$SECONDS}
 LIMIT=${LIMIT:-575}
 left() { echo $((LIMIT - (SECONDS - T0))); }
@@ -34,4 +38,12 @@ gpu_tests() {
     -m pytest -q -p no:cacheprovider --rootdir="$PWD" "$@"
   echo "$(basename "$log") (at $((SECONDS - T0)) s): $(tail -1 "$log")" >> "$L"
   grep -E "^(FAILED|ERROR)|^E  " "$log" | head -20 >> "$L"
+}
+generate() {
+  local w=$1 out=$2 preset=$3 layers=
+  shift 3
+  [ "$preset" = qwen3-30b-a3b ] && layers="--layers 24"
+  PYTHONPATH=/tmp/w_$w XLA_PYTHON_CLIENT_MEM_FRACTION=0.9 step 70 "$R/$out.log" python3 -P -m te_async.bench generate \
+    --preset "$preset" $layers --batches 1 --modes device --steps 60 --no-plots --out "$R/$out" "$@"
+  echo "generate $out (at $((SECONDS - T0)) s): $(grep -E '^\| [0-9]' "$R/$out/generate.md" 2>/dev/null)" >> "$L"
 }
