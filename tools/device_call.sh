@@ -8,6 +8,9 @@
 #                                   tree's Python copied over it (a trial's wheels: tools/build_device_wheel.sh)
 #   gpu_tests <name> <log> <seconds> <pytest args>...
 #                                   pytest on wheel <name>, poisoned outputs, a line with its result in $L
+#   trip <out>                      the profiled run $R/<out>'s trip (the kernels of one layer, their ends) as a line in $L
+#   pack                            the call's end: a last line in $L, the logs gzipped, $R (but traces) into
+#                                   $OUT/results.tgz, $L printed
 #   generate <name> <out> <preset> [bench args]...
 #                                   bench generate at B=1 in device mode, 60 steps, on wheel <name>, into $R/<out>
 #                                   (R: the call's output folder), a line with its row in $L; Qwen3-30B-A3B on 24 of
@@ -46,4 +49,14 @@ generate() {
   PYTHONPATH=/tmp/w_$w XLA_PYTHON_CLIENT_MEM_FRACTION=0.9 step 70 "$R/$out.log" python3 -P -m te_async.bench generate \
     --preset "$preset" $layers --batches 1 --modes device --steps 60 --no-plots --out "$R/$out" "$@"
   echo "generate $out (at $((SECONDS - T0)) s): $(grep -E '^\| [0-9]' "$R/$out/generate.md" 2>/dev/null)" >> "$L"
+}
+trip() {
+  echo "$1: $(sed -n '/One trip/,$p' "$R/$1/generate_timeline_B1_kernels.md" 2>/dev/null |
+    grep -E 'Product|MlaToken|Route|TokenFfn|Reduce|Decode|Gqa' | tr '\n' ' ')" >> "$L"
+}
+pack() {
+  echo "=== done at $((SECONDS - T0)) s" >> "$L"
+  gzip -f "$R"/*.log
+  tar czf "$OUT/results.tgz" -C "$R" --exclude=traces .
+  cat "$L"
 }

@@ -23,11 +23,5 @@ gpu_tests xroute $R/tests_xroute.log 60 $x $S/tests/test_token_moe.py $S/tests/t
 gpu_tests sh64 $R/tests_sh64.log 60 $x /tmp/sh64t/tests/test_token_ffn.py /tmp/sh64t/tests/test_token_moe.py
 generate xfirst_stamps stamps_run deepseek-v2-lite --no-profile
 python3 $S/docs/results/2026-12-07-h100-input-projections-phases/p1_summary.py $R/stamps_run.log >> $L 2>&1
-for w in xfirst xroute sh64; do
-  generate $w deepseek_${w}_profiled deepseek-v2-lite
-  echo "deepseek_${w}_profiled: $(sed -n '/One trip/,$p' $R/deepseek_${w}_profiled/generate_timeline_B1_kernels.md | grep -E 'Product|MlaToken|Route|TokenFfn|Reduce|Decode' | tr '\n' ' ')" >> $L
-done
-echo "=== done at $((SECONDS - T0)) s" >> $L
-gzip -f $R/*.log
-tar czf $OUT/results.tgz -C $R --exclude=traces .
-cat $L
+for w in xfirst xroute sh64; do generate $w deepseek_${w}_profiled deepseek-v2-lite; trip deepseek_${w}_profiled; done
+pack
