@@ -22,7 +22,8 @@ x=; python3 -c "import xdist" 2>/dev/null && x="-n 8"
 gpu_tests xfirst $R/tests_xfirst.log 100 $x $S/tests/test_mla_token.py $S/tests/test_gqa_token.py $S/tests/test_models_gpu.py
 gpu_tests xmoe $R/tests_xmoe.log 60 $x $S/tests/test_token_moe.py $S/tests/test_token_ffn.py
 gpu_tests xturn $R/tests_xturn.log 60 $x $S/tests/test_token_moe.py $S/tests/test_token_ffn.py
-gpu_tests sh64 $R/tests_sh64.log 60 $x /tmp/sh64t/tests/test_token_ffn.py /tmp/sh64t/tests/test_token_moe.py
+gpu_tests sh64 $R/tests_sh64.log 90 $x /tmp/sh64t/tests/test_token_ffn.py /tmp/sh64t/tests/test_token_moe.py \
+  /tmp/sh64t/tests/test_models_gpu.py
 generate xfirst_stamps stamps_run deepseek-v2-lite --no-profile
 python3 $S/docs/results/2026-12-07-h100-input-projections-phases/p1_summary.py $R/stamps_run.log >> $L 2>&1
 for w in xfirst xmoe xturn sh64; do generate $w deepseek_${w}_profiled deepseek-v2-lite; trip deepseek_${w}_profiled; done
