@@ -12,9 +12,10 @@
 #   pack                            the call's end: a last line in $L, the logs gzipped, $R (but traces) into
 #                                   $OUT/results.tgz, $L printed
 #   generate <name> <out> <preset> [bench args]...
-#                                   bench generate at B=1 in device mode, 60 steps, on wheel <name>, into $R/<out>
-#                                   (R: the call's output folder), a line with its row in $L; Qwen3-30B-A3B on 24 of
-#                                   its 48 layers, which is what fits an H100 beside the cache
+#                                   bench generate at B=1 (or the args' --batches) in device mode, 60 steps, on wheel
+#                                   <name>, into $R/<out> (R: the call's output folder), a line with its row in $L;
+#                                   Qwen3-30B-A3B on 24 of its 48 layers, which is what fits an H100 beside the cache;
+#                                   PRE: Python run first in the same process (a trial's forced plan)
 T0=${T0:-$SECONDS}
 LIMIT=${LIMIT:-575}
 left() { echo $((LIMIT - (SECONDS - T0))); }
@@ -46,7 +47,8 @@ generate() {
   local w=$1 out=$2 preset=$3 layers=
   shift 3
   [ "$preset" = qwen3-30b-a3b ] && layers="--layers 24"
-  PYTHONPATH=/tmp/w_$w XLA_PYTHON_CLIENT_MEM_FRACTION=0.9 step 70 "$R/$out.log" python3 -P -m te_async.bench generate \
+  PYTHONPATH=/tmp/w_$w XLA_PYTHON_CLIENT_MEM_FRACTION=0.9 step 80 "$R/$out.log" python3 -P -c "${PRE:-}import runpy, \
+sys; sys.argv = ['te_async.bench'] + sys.argv[1:]; runpy.run_module('te_async.bench', run_name='__main__')" generate \
     --preset "$preset" $layers --batches 1 --modes device --steps 60 --no-plots --out "$R/$out" "$@"
   echo "generate $out (at $((SECONDS - T0)) s): $(grep -E '^\| [0-9]' "$R/$out/generate.md" 2>/dev/null)" >> "$L"
 }

@@ -21,39 +21,35 @@ trace() {  # trace <case> [units]: the experts' kernel's per-item lines, summari
   PYTHONPATH=/tmp/w_trace step 60 $out python3 -P $T/trace_items.py run "$@"
   python3 $T/trace_items.py summarize $out >> $L 2>&1
 }
-gen() {  # gen <wheel> <out> <preset> <batch> <python before the run> [args]: bench generate in device mode, 60 steps
-  local w=$1 out=$2 preset=$3 b=$4 patch=$5 layers=
-  shift 5
-  [ "$preset" = qwen3-30b-a3b ] && layers="--layers 24"
-  PYTHONPATH=/tmp/w_$w XLA_PYTHON_CLIENT_MEM_FRACTION=0.9 step 80 "$R/$out.log" python3 -P -c "${patch}import runpy, sys; \
-sys.argv = ['te_async.bench'] + sys.argv[1:]; runpy.run_module('te_async.bench', run_name='__main__')" generate \
-    --preset "$preset" $layers --batches $b --modes device --steps 60 --no-plots --detail-batch $b --out "$R/$out" "$@"
-  echo "generate $out (at $((SECONDS - T0)) s): $(grep -E '^\| [0-9]' "$R/$out/generate.md" 2>/dev/null)" >> "$L"
+gen() {  # gen <wheel> <out> <preset> <batch> [bench args]: bench generate (tools/device_call.sh) at B=<batch>
+  local w=$1 out=$2 preset=$3 b=$4
+  shift 4
+  generate "$w" "$out" "$preset" --batches "$b" --detail-batch "$b" "$@"
 }
 dec() {  # dec <wheel>: bench decode T=8, 26 MoE layers written out
   PYTHONPATH=/tmp/w_$1 step 100 $R/decode_$1.log python3 -P -m te_async.bench decode --modes device --batches 8 \
     --reps 10 --no-plots --no-profile --out $R/decode_$1
   echo "decode $1 (at $((SECONDS - T0)) s): $(grep -E '^\| [0-9]' $R/decode_$1/decode.md 2>/dev/null)" >> $L
 }
-# units(u): the several-token calls' units forced (at B=8 every MoE call is an 8-token one)
+# PRE for the several-token calls' units forced (at B=8 every MoE call is an 8-token one)
 units() { echo "import te_async.token_ffn as tf; tf.plan_tokens = lambda *a: tf.Split($1, 1); "; }
 if [ "${SHORT:-0}" = 1 ]; then  # a short call (under 4 minutes): the trace, then B=8 against main
-  trace shared; gen counter ds8_counter deepseek-v2-lite 8 "" --no-profile; gen main ds8_main deepseek-v2-lite 8 "" --no-profile
+  trace shared; gen counter ds8_counter deepseek-v2-lite 8 --no-profile; gen main ds8_main deepseek-v2-lite 8 --no-profile
   pack; exit
 fi
 gpu_tests counter $R/tests_counter.log 150 $x /tmp/tdt/tests/test_token_moe.py /tmp/tdt/tests/test_token_ffn.py \
   /tmp/tdt/tests/test_models_gpu.py /tmp/tdt/tests/test_decode_moe_gpu.py
 trace shared
 trace independent
-gen counter ds8_counter deepseek-v2-lite 8 ""
+gen counter ds8_counter deepseek-v2-lite 8
 echo "ds8_counter trip: $(sed -n '/One trip/,$p' $R/ds8_counter/generate_timeline_B8_kernels.md 2>/dev/null | grep -E '^\|' | head -40 | tr '\n' ' ')" >> $L
-gen main ds8_main deepseek-v2-lite 8 "" --no-profile
-for v in counter_1 main_1 main_2 counter_2; do gen ${v%_*} ds1_$v deepseek-v2-lite 1 "" --no-profile; done
-gen counter qw8_counter qwen3-30b-a3b 8 "" --no-profile
-gen main qw8_main qwen3-30b-a3b 8 "" --no-profile
+gen main ds8_main deepseek-v2-lite 8 --no-profile
+for v in counter_1 main_1 main_2 counter_2; do gen ${v%_*} ds1_$v deepseek-v2-lite 1 --no-profile; done
+gen counter qw8_counter qwen3-30b-a3b 8 --no-profile
+gen main qw8_main qwen3-30b-a3b 8 --no-profile
 dec counter; dec main
-gen counter ds8_u64 deepseek-v2-lite 8 "$(units 64)" --no-profile
+PRE=$(units 64) gen counter ds8_u64 deepseek-v2-lite 8 --no-profile
 trace shared 64
-gen counter ds4_counter deepseek-v2-lite 4 "" --no-profile
-gen main ds4_main deepseek-v2-lite 4 "" --no-profile
+gen counter ds4_counter deepseek-v2-lite 4 --no-profile
+gen main ds4_main deepseek-v2-lite 4 --no-profile
 pack
