@@ -21,25 +21,19 @@ decode() {  # decode <unroll> <modes> <batches>
     --unroll $1 --reps 10 --no-plots --detail-batch 8 --out $R/decode_$1
   echo "--- bench decode --unroll $1 (at $((SECONDS - T0)) s)" >> $L; grep -E '^\| [0-9]' $R/decode_$1/decode.md >> $L
 }
-# generate_patched <name> <preset> <patch> [args]: bench generate B = 1 with a patch run before it
+# PREs for tools/device_call.sh's generate (bench generate B = 1 on wheel main): main's plan before c79e423, and
+# gqa_token's calls off
 OLD_PLAN="import te_async.token_ffn as tf; old = {(6, 1408, 2816): 48, (0, 0, 10944): 48}; tf.plan_split = lambda k, f, fs, *a: tf.Split(old[(k, f, fs)], 1); "
 GQA_OFF="import te_async.gqa_token as g; g.takes = g.block_takes = lambda *a, **k: False; "
-generate_patched() {
-  local name=$1 preset=$2 patch=$3
-  shift 3
-  PYTHONPATH=/tmp/w_main XLA_PYTHON_CLIENT_MEM_FRACTION=0.9 step 90 $R/generate_$name.log python3 -P -c "${patch}import runpy, sys; \
-sys.argv = ['te_async.bench'] + sys.argv[1:]; runpy.run_module('te_async.bench', run_name='__main__')" generate \
-    --preset $preset --batches 1 --modes device --steps 60 --no-plots --out $R/generate_$name "$@"
-  echo "generate $name (at $((SECONDS - T0)) s): $(grep -E '^\| [0-9]' $R/generate_$name/generate.md 2>/dev/null)" >> $L
-}
 decode auto "device torch_graph" "1 8 64"
-generate_patched new_1 deepseek-v2-lite ""; generate_patched old_1 deepseek-v2-lite "$OLD_PLAN"
-generate_patched qwen3_gqa_new qwen3-30b-a3b "" --no-profile; generate_patched qwen3_gqa_old qwen3-30b-a3b "$GQA_OFF" --no-profile
+generate main generate_new_1 deepseek-v2-lite; PRE=$OLD_PLAN generate main generate_old_1 deepseek-v2-lite
+generate main generate_qwen3_gqa_new qwen3-30b-a3b --layers 48 --no-profile
+PRE=$GQA_OFF generate main generate_qwen3_gqa_old qwen3-30b-a3b --layers 48 --no-profile
 x=; python3 -c "import xdist" 2>/dev/null && x="-n 4"
 gpu_tests main $R/tests.log 150 $x $S/tests/test_bench_decode.py $S/tests/test_models_gpu.py \
   $S/tests/test_decode_moe_gpu.py $S/tests/test_torch_decode_step.py
 decode never device "1 8"
-generate_patched old_2 deepseek-v2-lite "$OLD_PLAN"; generate_patched new_2 deepseek-v2-lite ""
+PRE=$OLD_PLAN generate main generate_old_2 deepseek-v2-lite; generate main generate_new_2 deepseek-v2-lite
 # token_ffn at one token (tools/token_ffn_probe.py): the shared MLP alone is #18's dense-MLP target, last measured
 # at d57aedb (2.35x), before token_ffn's clusters (c79e423)
 PYTHONPATH=/tmp/w_main OUT=$R step 150 $R/token_ffn_probe.log python3 -P $S/tools/token_ffn_probe.py
