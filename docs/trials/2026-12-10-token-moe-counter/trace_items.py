@@ -6,7 +6,8 @@ the probe sees where the kernel's time goes: which items are slow, and how many 
 work as the kernel ends.
 
   python3 -P trace_items.py run <independent|shared> [units]   one DeepSeek-V2-Lite MoE layer at 8 tokens,
-      1 warm-up call and 3 traced ones (stdout: the kernel's lines); `shared`: the 8 tokens near one
+      4 calls, each call's kernel traced (stdout: its lines; the first call also compiles, so read the
+      later ones); `shared`: the 8 tokens near one
       another (as generate's tokens, which chose 29 distinct experts of 48), `independent`: random
   python3 -P trace_items.py summarize <file>...                 a table a call from the lines
 """
