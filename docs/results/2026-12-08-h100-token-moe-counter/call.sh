@@ -10,7 +10,7 @@
 # DeepSeek-V2-Lite B=4 counter and main. SHORT=1: the shared-tokens trace and B=8 against main only.
 set -u
 S=$PWD; R=/tmp/td; rm -rf $R; mkdir -p $R; L=$OUT/summary.txt
-T=$S/docs/trials/2026-12-10-token-moe-counter
+T=$S/docs/results/2026-12-08-h100-token-moe-counter
 . tools/device_call.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee $R/gpu.txt > $L
 for w in main counter trace; do python3 -m pip install -q --no-deps --target /tmp/w_$w $(ls .gpubuild/$w/te_async-*.whl) > /tmp/install_$w.log 2>&1; done

@@ -1,0 +1,40 @@
+#!/bin/bash
+# One call, about 7 minutes (README.md): token_moe at up to 8 tokens with the items of several tokens on the tensor
+# cores ("mma": .gpubuild/mma, main + token_moe_mma.patch) against main (.gpubuild/main). Each wheel runs its own
+# Python as built; the patch's tests go into a copy of tests/. In the order of what matters most where the call's
+# limit cuts (tools/device_call.sh): GPU tests of mma (poisoned outputs; test_dense for dense_mma.cu's shared
+# fragments); bench generate DeepSeek-V2-Lite B=8 mma (profiled: its trip) and main; Qwen3-30B-A3B (24 layers) B=8
+# mma and main; bench decode T=8 (26 MoE layers, written out) mma and main; DeepSeek-V2-Lite B=4 mma and main; B=1
+# mma and main; B=8 with 64 units (two full tiles of 8 vectors in fc1; the plan's 80 give 8 + 8 + 4).
+set -u
+S=$PWD; R=/tmp/tm; rm -rf $R; mkdir -p $R; L=$OUT/summary.txt
+T=$S/docs/trials/2026-12-08-token-moe-mma
+. tools/device_call.sh
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee $R/gpu.txt > $L
+for w in main mma; do python3 -m pip install -q --no-deps --target /tmp/w_$w $(ls .gpubuild/$w/te_async-*.whl) > /tmp/install_$w.log 2>&1; done
+rm -rf /tmp/tdt && mkdir -p /tmp/tdt && cp -r $S/tests /tmp/tdt/ && (cd /tmp/tdt && git apply --include='tests/*' $T/token_moe_mma.patch) >> $L 2>&1
+x=; python3 -c "import xdist" 2>/dev/null && x="-n 8"
+gen() {  # gen <wheel> <out> <preset> <batch> [bench args]: bench generate (tools/device_call.sh) at B=<batch>
+  local w=$1 out=$2 preset=$3 b=$4
+  shift 4
+  generate "$w" "$out" "$preset" --batches "$b" --detail-batch "$b" "$@"
+}
+dec() {  # dec <wheel>: bench decode T=8, 26 MoE layers written out
+  PYTHONPATH=/tmp/w_$1 step 100 $R/decode_$1.log python3 -P -m te_async.bench decode --modes device --batches 8 \
+    --reps 10 --no-plots --no-profile --out $R/decode_$1
+  echo "decode $1 (at $((SECONDS - T0)) s): $(grep -E '^\| [0-9]' $R/decode_$1/decode.md 2>/dev/null)" >> $L
+}
+gpu_tests mma $R/tests_mma.log 150 $x /tmp/tdt/tests/test_token_moe.py /tmp/tdt/tests/test_token_ffn.py \
+  /tmp/tdt/tests/test_dense.py /tmp/tdt/tests/test_models_gpu.py /tmp/tdt/tests/test_decode_moe_gpu.py
+gen mma ds8_mma deepseek-v2-lite 8
+echo "ds8_mma trip: $(sed -n '/One trip/,$p' $R/ds8_mma/generate_timeline_B8_kernels.md 2>/dev/null | grep -E '^\|' | head -40 | tr '\n' ' ')" >> $L
+gen main ds8_main deepseek-v2-lite 8 --no-profile
+gen mma qw8_mma qwen3-30b-a3b 8 --no-profile
+gen main qw8_main qwen3-30b-a3b 8 --no-profile
+dec mma; dec main
+gen mma ds4_mma deepseek-v2-lite 4 --no-profile
+gen main ds4_main deepseek-v2-lite 4 --no-profile
+gen mma ds1_mma deepseek-v2-lite 1 --no-profile
+gen main ds1_main deepseek-v2-lite 1 --no-profile
+PRE="import te_async.token_ffn as tf; tf.plan_tokens = lambda *a: tf.Split(64, 1); " gen mma ds8_u64 deepseek-v2-lite 8 --no-profile
+pack
