@@ -5,7 +5,8 @@
 # limit cuts (tools/device_call.sh): GPU tests of mma (poisoned outputs; test_dense for dense_mma.cu's shared
 # fragments); bench generate DeepSeek-V2-Lite B=8 mma (profiled: its trip) and main; Qwen3-30B-A3B (24 layers) B=8
 # mma and main; bench decode T=8 (26 MoE layers, written out) mma and main; DeepSeek-V2-Lite B=4 mma and main; B=1
-# mma and main; B=8 with 64 units (two full tiles of 8 vectors in fc1; the plan's 80 give 8 + 8 + 4).
+# mma and main; B=8 with 64 units (two full tiles of 8 vectors in fc1; the plan's 80 give 8 + 8 + 4). SHORT=1: the
+# kernels' tests, DeepSeek-V2-Lite and Qwen3-30B-A3B B=8 against main only.
 set -u
 S=$PWD; R=/tmp/tm; rm -rf $R; mkdir -p $R; L=$OUT/summary.txt
 T=$S/docs/trials/2026-12-08-token-moe-mma
@@ -24,6 +25,12 @@ dec() {  # dec <wheel>: bench decode T=8, 26 MoE layers written out
     --reps 10 --no-plots --no-profile --out $R/decode_$1
   echo "decode $1 (at $((SECONDS - T0)) s): $(grep -E '^\| [0-9]' $R/decode_$1/decode.md 2>/dev/null)" >> $L
 }
+if [ "${SHORT:-0}" = 1 ]; then  # a short call (under 4 minutes): the kernel tests, then B=8 against main
+  gpu_tests mma $R/tests_mma.log 60 $x /tmp/tdt/tests/test_token_moe.py /tmp/tdt/tests/test_token_ffn.py /tmp/tdt/tests/test_dense.py
+  gen mma ds8_mma deepseek-v2-lite 8 --no-profile; gen main ds8_main deepseek-v2-lite 8 --no-profile
+  gen mma qw8_mma qwen3-30b-a3b 8 --no-profile; gen main qw8_main qwen3-30b-a3b 8 --no-profile
+  pack; exit
+fi
 gpu_tests mma $R/tests_mma.log 150 $x /tmp/tdt/tests/test_token_moe.py /tmp/tdt/tests/test_token_ffn.py \
   /tmp/tdt/tests/test_dense.py /tmp/tdt/tests/test_models_gpu.py /tmp/tdt/tests/test_decode_moe_gpu.py
 gen mma ds8_mma deepseek-v2-lite 8
