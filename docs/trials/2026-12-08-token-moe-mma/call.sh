@@ -1,18 +1,19 @@
 #!/bin/bash
-# One call, about 7 minutes (README.md): token_moe at up to 8 tokens with the items of several tokens on the tensor
+# One call, about 8 minutes (README.md): token_moe at up to 8 tokens with the items of several tokens on the tensor
 # cores ("mma": .gpubuild/mma, main + token_moe_mma.patch) against main (.gpubuild/main). Each wheel runs its own
 # Python as built; the patch's tests go into a copy of tests/. In the order of what matters most where the call's
 # limit cuts (tools/device_call.sh): GPU tests of mma (poisoned outputs; test_dense for dense_mma.cu's shared
 # fragments); bench generate DeepSeek-V2-Lite B=8 mma (profiled: its trip) and main; Qwen3-30B-A3B (24 layers) B=8
 # mma and main; bench decode T=8 (26 MoE layers, written out) mma and main; DeepSeek-V2-Lite B=4 mma and main; B=1
-# mma and main; B=8 with 64 units (two full tiles of 8 vectors in fc1; the plan's 80 give 8 + 8 + 4). SHORT=1: the
+# mma and main; B=8 with 64 units (two full tiles of 8 vectors in fc1; the plan's 80 give 8 + 8 + 4); DeepSeek-V2-Lite
+# and Qwen3-30B-A3B B=8 with one-entry items on the tensor cores too ("allmma": + all_items_mma.patch). SHORT=1: the
 # kernels' tests, DeepSeek-V2-Lite and Qwen3-30B-A3B B=8 against main only.
 set -u
 S=$PWD; R=/tmp/tm; rm -rf $R; mkdir -p $R; L=$OUT/summary.txt
 T=$S/docs/trials/2026-12-08-token-moe-mma
 . tools/device_call.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee $R/gpu.txt > $L
-for w in main mma; do python3 -m pip install -q --no-deps --target /tmp/w_$w $(ls .gpubuild/$w/te_async-*.whl) > /tmp/install_$w.log 2>&1; done
+for w in main mma allmma; do python3 -m pip install -q --no-deps --target /tmp/w_$w $(ls .gpubuild/$w/te_async-*.whl) > /tmp/install_$w.log 2>&1; done
 rm -rf /tmp/tdt && mkdir -p /tmp/tdt && cp -r $S/tests /tmp/tdt/ && (cd /tmp/tdt && git apply --include='tests/*' $T/token_moe_mma.patch) >> $L 2>&1
 x=; python3 -c "import xdist" 2>/dev/null && x="-n 8"
 gen() {  # gen <wheel> <out> <preset> <batch> [bench args]: bench generate (tools/device_call.sh) at B=<batch>
@@ -44,4 +45,6 @@ gen main ds4_main deepseek-v2-lite 4 --no-profile
 gen mma ds1_mma deepseek-v2-lite 1 --no-profile
 gen main ds1_main deepseek-v2-lite 1 --no-profile
 PRE="import te_async.token_ffn as tf; tf.plan_tokens = lambda *a: tf.Split(64, 1); " gen mma ds8_u64 deepseek-v2-lite 8 --no-profile
+gen allmma ds8_allmma deepseek-v2-lite 8 --no-profile
+gen allmma qw8_allmma qwen3-30b-a3b 8 --no-profile
 pack
