@@ -8,6 +8,10 @@
 #                                   tree's Python copied over it (a trial's wheels: tools/build_device_wheel.sh)
 #   gpu_tests <name> <log> <seconds> <pytest args>...
 #                                   pytest on wheel <name>, poisoned outputs, a line with its result in $L
+#   gen <name> <out> <preset> <batch> [bench args]...
+#                                   generate at batch <batch>, its timeline (unless --no-profile) of that batch
+#   decode8 <name>                  bench decode T=8 in device mode, 26 MoE layers written out, on wheel <name>,
+#                                   into $R/decode_<name>, a line with its row in $L
 #   trip <out>                      the profiled run $R/<out>'s trip (the kernels of one layer, their ends) as a line in $L
 #   pack                            the call's end: a last line in $L, the logs gzipped, $R (but traces) into
 #                                   $OUT/results.tgz, $L printed
@@ -51,6 +55,16 @@ generate() {
 sys; sys.argv = ['te_async.bench'] + sys.argv[1:]; runpy.run_module('te_async.bench', run_name='__main__')" generate \
     --preset "$preset" $layers --batches 1 --modes device --steps 60 --no-plots --out "$R/$out" "$@"
   echo "generate $out (at $((SECONDS - T0)) s): $(grep -E '^\| [0-9]' "$R/$out/generate.md" 2>/dev/null)" >> "$L"
+}
+gen() {
+  local w=$1 out=$2 preset=$3 b=$4
+  shift 4
+  generate "$w" "$out" "$preset" --batches "$b" --detail-batch "$b" "$@"
+}
+decode8() {
+  PYTHONPATH=/tmp/w_$1 step 100 "$R/decode_$1.log" python3 -P -m te_async.bench decode --modes device --batches 8 \
+    --reps 10 --no-plots --no-profile --out "$R/decode_$1"
+  echo "decode $1 (at $((SECONDS - T0)) s): $(grep -E '^\| [0-9]' "$R/decode_$1/decode.md" 2>/dev/null)" >> "$L"
 }
 trip() {
   echo "$1: $(sed -n '/One trip/,$p' "$R/$1/generate_timeline_B1_kernels.md" 2>/dev/null |

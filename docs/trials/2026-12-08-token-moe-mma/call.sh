@@ -16,16 +16,6 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee $R/gpu.tx
 for w in main mma allmma; do python3 -m pip install -q --no-deps --target /tmp/w_$w $(ls .gpubuild/$w/te_async-*.whl) > /tmp/install_$w.log 2>&1; done
 rm -rf /tmp/tdt && mkdir -p /tmp/tdt && cp -r $S/tests /tmp/tdt/ && (cd /tmp/tdt && git apply --include='tests/*' $T/token_moe_mma.patch) >> $L 2>&1
 x=; python3 -c "import xdist" 2>/dev/null && x="-n 8"
-gen() {  # gen <wheel> <out> <preset> <batch> [bench args]: bench generate (tools/device_call.sh) at B=<batch>
-  local w=$1 out=$2 preset=$3 b=$4
-  shift 4
-  generate "$w" "$out" "$preset" --batches "$b" --detail-batch "$b" "$@"
-}
-dec() {  # dec <wheel>: bench decode T=8, 26 MoE layers written out
-  PYTHONPATH=/tmp/w_$1 step 100 $R/decode_$1.log python3 -P -m te_async.bench decode --modes device --batches 8 \
-    --reps 10 --no-plots --no-profile --out $R/decode_$1
-  echo "decode $1 (at $((SECONDS - T0)) s): $(grep -E '^\| [0-9]' $R/decode_$1/decode.md 2>/dev/null)" >> $L
-}
 if [ "${SHORT:-0}" = 1 ]; then  # a short call (under 4 minutes): the kernel tests, then B=8 against main
   gpu_tests mma $R/tests_mma.log 60 $x /tmp/tdt/tests/test_token_moe.py /tmp/tdt/tests/test_token_ffn.py /tmp/tdt/tests/test_dense.py
   gen mma ds8_mma deepseek-v2-lite 8 --no-profile; gen main ds8_main deepseek-v2-lite 8 --no-profile
@@ -39,7 +29,7 @@ echo "ds8_mma trip: $(sed -n '/One trip/,$p' $R/ds8_mma/generate_timeline_B8_ker
 gen main ds8_main deepseek-v2-lite 8 --no-profile
 gen mma qw8_mma qwen3-30b-a3b 8 --no-profile
 gen main qw8_main qwen3-30b-a3b 8 --no-profile
-dec mma; dec main
+decode8 mma; decode8 main
 gen mma ds4_mma deepseek-v2-lite 4 --no-profile
 gen main ds4_main deepseek-v2-lite 4 --no-profile
 gen mma ds1_mma deepseek-v2-lite 1 --no-profile
