@@ -6,7 +6,8 @@
 # fragments); bench generate DeepSeek-V2-Lite B=8 mma (profiled: its trip) and main; Qwen3-30B-A3B (24 layers) B=8
 # mma and main; bench decode T=8 (26 MoE layers, written out) mma and main; DeepSeek-V2-Lite B=4 mma and main; B=1
 # mma and main; B=8 with 64 units (two full tiles of 8 vectors in fc1; the plan's 80 give 8 + 8 + 4); DeepSeek-V2-Lite
-# and Qwen3-30B-A3B B=8 with one-entry items on the tensor cores too ("allmma": + all_items_mma.patch). SHORT=1: the
+# and Qwen3-30B-A3B B=8 with one-entry items on the tensor cores too ("allmma": + all_items_mma.patch); Qwen3 B=8
+# with 32 and 64 units (full tiles of 8 vectors; the plan's 40 leave fc1's second tile 2 vectors wide). SHORT=1: the
 # kernels' tests, DeepSeek-V2-Lite and Qwen3-30B-A3B B=8 against main only.
 set -u
 S=$PWD; R=/tmp/tm; rm -rf $R; mkdir -p $R; L=$OUT/summary.txt
@@ -37,4 +38,7 @@ gen main ds1_main deepseek-v2-lite 1 --no-profile
 PRE="import te_async.token_ffn as tf; tf.plan_tokens = lambda *a: tf.Split(64, 1); " gen mma ds8_u64 deepseek-v2-lite 8 --no-profile
 gen allmma ds8_allmma deepseek-v2-lite 8 --no-profile
 gen allmma qw8_allmma qwen3-30b-a3b 8 --no-profile
+for u in 32 64; do  # Qwen3's plan: 40 units, fc1's 10 vectors a row a tile of 8 and one of 2
+  PRE="import te_async.token_ffn as tf; tf.plan_tokens = lambda *a: tf.Split($u, 1); " gen mma qw8_u$u qwen3-30b-a3b 8 --no-profile
+done
 pack
