@@ -5,14 +5,16 @@
 #   step <seconds> <log> <command>  the command from /, at most <seconds> and never past the limit,
 #                                   output appended to <log>; skipped (noted in $L) with under 25 s left
 #   wheels <name>...                each .gpubuild/<name>/te_async-*.whl installed in /tmp/w_<name>, with the
-#                                   tree's Python copied over it (a trial's wheels: tools/build_device_wheel.sh)
+#                                   tree's Python copied over it (a trial's wheels: tools/build_device_wheel.sh);
+#                                   AS_BUILT=1: each wheel keeps its own Python (a patch's wheel beside main's)
 #   gpu_tests <name> <log> <seconds> <pytest args>...
 #                                   pytest on wheel <name>, poisoned outputs, a line with its result in $L
 #   gen <name> <out> <preset> <batch> [bench args]...
 #                                   generate at batch <batch>, its timeline (unless --no-profile) of that batch
 #   decode8 <name>                  bench decode T=8 in device mode, 26 MoE layers written out, on wheel <name>,
 #                                   into $R/decode_<name>, a line with its row in $L
-#   trip <out>                      the profiled run $R/<out>'s trip (the kernels of one layer, their ends) as a line in $L
+#   trip <out> [batch]              the profiled run $R/<out>'s trip at that batch (default 1: the kernels of one
+#                                   layer, their ends) as a line in $L
 #   pack                            the call's end: a last line in $L, the logs gzipped, $R (but traces) into
 #                                   $OUT/results.tgz, $L printed
 #   generate <name> <out> <preset> [bench args]...
@@ -36,6 +38,7 @@ wheels() {
   local w
   for w in "$@"; do
     python3 -m pip install -q --no-deps --target /tmp/w_$w $(ls .gpubuild/$w/te_async-*.whl) > /tmp/install_$w.log 2>&1
+    [ "${AS_BUILT:-0}" = 1 ] && continue
     for d in . bench models; do cp te_async/$d/*.py /tmp/w_$w/te_async/$d/; done
   done
 }
@@ -67,7 +70,7 @@ decode8() {
   echo "decode $1 (at $((SECONDS - T0)) s): $(grep -E '^\| [0-9]' "$R/decode_$1/decode.md" 2>/dev/null)" >> "$L"
 }
 trip() {
-  echo "$1: $(sed -n '/One trip/,$p' "$R/$1/generate_timeline_B1_kernels.md" 2>/dev/null |
+  echo "$1: $(sed -n '/One trip/,$p' "$R/$1/generate_timeline_B${2:-1}_kernels.md" 2>/dev/null |
     grep -E 'Product|MlaToken|Route|TokenFfn|Reduce|Decode|Gqa' | tr '\n' ' ')" >> "$L"
 }
 pack() {

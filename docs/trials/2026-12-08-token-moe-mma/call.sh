@@ -14,7 +14,7 @@ S=$PWD; R=/tmp/tm; rm -rf $R; mkdir -p $R; L=$OUT/summary.txt
 T=$S/docs/trials/2026-12-08-token-moe-mma
 . tools/device_call.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee $R/gpu.txt > $L
-for w in main mma allmma; do python3 -m pip install -q --no-deps --target /tmp/w_$w $(ls .gpubuild/$w/te_async-*.whl) > /tmp/install_$w.log 2>&1; done
+AS_BUILT=1 wheels main mma allmma
 rm -rf /tmp/tdt && mkdir -p /tmp/tdt && cp -r $S/tests /tmp/tdt/ && (cd /tmp/tdt && git apply --include='tests/*' $T/token_moe_mma.patch) >> $L 2>&1
 x=; python3 -c "import xdist" 2>/dev/null && x="-n 8"
 if [ "${SHORT:-0}" = 1 ]; then  # a short call (under 4 minutes): the kernel tests, then B=8 against main
@@ -26,7 +26,7 @@ fi
 gpu_tests mma $R/tests_mma.log 150 $x /tmp/tdt/tests/test_token_moe.py /tmp/tdt/tests/test_token_ffn.py \
   /tmp/tdt/tests/test_dense.py /tmp/tdt/tests/test_models_gpu.py /tmp/tdt/tests/test_decode_moe_gpu.py
 gen mma ds8_mma deepseek-v2-lite 8
-echo "ds8_mma trip: $(sed -n '/One trip/,$p' $R/ds8_mma/generate_timeline_B8_kernels.md 2>/dev/null | grep -E '^\|' | head -40 | tr '\n' ' ')" >> $L
+trip ds8_mma 8
 gen main ds8_main deepseek-v2-lite 8 --no-profile
 gen mma qw8_mma qwen3-30b-a3b 8 --no-profile
 gen main qw8_main qwen3-30b-a3b 8 --no-profile

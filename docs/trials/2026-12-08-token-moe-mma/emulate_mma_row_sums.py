@@ -3,7 +3,7 @@ m16n8k16 taken from the PTX ISA's fragment layouts, to check the kernel's index 
 sum_r coef(s)[r] * w[r, column(c) + j] for random shapes (partial tiles, partial k-steps, 2-8 entries)."""
 import numpy as np
 
-WARPS, TILE, KSTEPS, VEC, MAX_TOKENS = 8, 8, 2, 8, 8
+WARPS, TILE, KSTEPS, VEC = 8, 8, 2, 8
 
 
 def mma(c, a, b):
