@@ -30,7 +30,7 @@ DeepSeek-V2-Lite's shapes and 24576 rows, and costs no time that we could measur
 instead (as TransformerEngine's LayerNormMLP does) changed the device-mode layer by -19 us of
 2589 us GPU busy in one jit, where XLA merges the recomputation with the forward's own passes,
 by +0.05 ms of 5.2 ms per layer under lax.scan, and by less than 1.5 %, either sign, per layer of
-a 4-layer unrolled step (H200, 2026-12-02, docs/benchmarks.md).
+a 4-layer unrolled step (H200, 2026-12-02, docs/investigations.md).
 """
 
 import functools

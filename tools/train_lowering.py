@@ -3,7 +3,7 @@ train-model's step for a preset's first layers, lowered for CUDA, counted three 
 by operand dtype (float32 ones run without tensor cores at precision HIGHEST, as TF32 at DEFAULT),
 its scatters that add float rows (atomic adds on a GPU, in no fixed order) and the bytes of the
 buffers te_async.scan stacks (its AllocateBuffer calls: the residuals kept for the backward, apart
-from the stacked weight gradients). docs/benchmarks.md, "A whole model's training step", quotes it.
+from the stacked weight gradients). docs/internals.md, "Training", quotes it.
 
     python3 -P tools/train_lowering.py [--preset deepseek-v2-lite] [--layers 4] [--seq 4096] [--contender device]
 """

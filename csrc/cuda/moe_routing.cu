@@ -15,7 +15,7 @@
 //      plus its rank: the stable sort, deterministic, no float atomics.
 // At 64 tokens of DeepSeek-V2-Lite (E = 64, top-6) on an H100 it takes 9.1 us alone, 10.7 behind cold
 // caches and 8.8 in bench decode's step, where one token a warp and an order walked by one ballot
-// of 32 choices at a time per expert took 11.5, 15.4 and 12.5 (docs/benchmarks.md, under table D1);
+// of 32 choices at a time per expert took 11.5, 15.4 and 12.5 (docs/internals.md, Fused decode MoE);
 // since then a launch holds one top-k form's code (route_top_k.cuh's TopKForm).
 #include <cuda_runtime.h>
 

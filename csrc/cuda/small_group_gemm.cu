@@ -37,7 +37,7 @@
 //   broadcast LDS.128 per k-row, no per-use conversion). Staging is latency-bound and stalls the
 //   whole block at its barriers; with 1-2 rows a thread issues the loads of all its k-rows of a
 //   stage before the first store, one L2 round trip instead of four (H200, DeepSeek T=1: 1.6-1.8
-//   us less per kernel). Tried and measured slower (docs/benchmarks.md): narrower column pieces
+//   us less per kernel). Tried and measured slower (their runs: git history of docs/): narrower column pieces
 //   for balance, 128 bytes a k-row (8 threads; 2-3 % slower at DeepSeek-V2-Lite's T = 8),
 //   double-buffered weight loads, and a 2048-row stage in dynamic shared memory.
 //   End: a 1-step shuffle reduce-scatter over the 2 k-slices of a warp, then a shared-memory sum

@@ -42,7 +42,7 @@ def run(args) -> dict:
         inputs = [(jax.random.normal(jax.random.fold_in(key, 10 + i), (tokens, hidden), dtype), params) for i in range(4)]
         for name, kw in VARIANTS.items():
             # Weights are arguments, not closed-over constants: XLA spent over a minute compiling
-            # each 1 GB-constant module at T=4096 on the H200 (docs/benchmarks.md).
+            # each 1 GB-constant module at T=4096 on the H200.
             f = jax.jit(lambda x, p, kw=kw: moe_block(x, **p, top_k=model.top_k, **kw))
             t = timing.time_calls(f, inputs, reps=args.reps, inner=5)
             _, per_call = timing.counted_call(f, *inputs[0])

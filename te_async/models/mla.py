@@ -21,7 +21,7 @@ prefill) takes the expanded path, as transformers does, which costs fewer FLOPs 
 kv_b_proj's weight is kept as transformers stores it, [heads * (nope + v), latent]: head-major, the
 layout in which XLA's per-head products of the absorbed decode read it in place. Stored [latent,
 heads * (nope + v)], XLA transposed every layer's copy before each decode step's scan (DeepSeek-
-V2-Lite: 109 MB, a 57 us kernel per step; docs/benchmarks.md).
+V2-Lite: 109 MB, a 57 us kernel per step; docs/internals.md, decode attention).
 """
 
 from typing import Optional
