@@ -90,6 +90,10 @@ def check(rows, nvec, n, fc1, rng):
 
 
 rng = np.random.default_rng(0)
+# The last eight: the models' plans (H = 2048; fc1 of 80, 64, 40 and 32 units; fc2 over H of 80, 16, 32 and 40 rows),
+# test_kernels_several_tokens_at_model_plans' shapes.
 for rows, nvec, n, fc1 in [(64, 20, 8, True), (40, 10, 3, True), (264, 6, 2, True), (48, 34, 5, False),
-                           (80, 257, 8, False), (24, 2, 7, True), (72, 12, 4, True)]:
+                           (80, 257, 8, False), (24, 2, 7, True), (72, 12, 4, True),
+                           (2048, 20, 6, True), (2048, 16, 8, True), (2048, 10, 5, True), (2048, 8, 2, True),
+                           (80, 256, 8, False), (16, 256, 3, False), (32, 256, 7, False), (40, 256, 4, False)]:
     print(rows, nvec, n, "fc1" if fc1 else "fc2", "max error", check(rows, nvec, n, fc1, rng))
