@@ -116,7 +116,7 @@ def outside_slice_fusion(out: jax.Array) -> jax.Array:
     users still need the plain result: XLA compiles the GEMM twice, and the second copy reads a
     materialised slice of the stacked weights. At DeepSeek-V2-Lite's training shapes that was an
     extra fc1 GEMM (405 us) and a 738 MB weight copy (592 us) in every layer's forward (H200,
-    2026-12-02, docs/benchmarks.md table TS), and, until the barrier went on grouped_mlp's output
+    2026-12-02, docs/internals.md, Training), and, until the barrier went on grouped_mlp's output
     too, an extra fc2 GEMM and a 369 MB copy in every MoE layer of a model's scanned training step
     (jax 0.11.2's optimized HLO, 2026-12-05). Behind the barrier the update is a copy of the output
     alone, and the weights still reach the GEMM as an in-place slice."""
