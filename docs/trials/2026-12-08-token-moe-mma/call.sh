@@ -17,6 +17,7 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee $R/gpu.tx
 AS_BUILT=1 wheels main mma allmma
 rm -rf /tmp/tdt && mkdir -p /tmp/tdt && cp -r $S/tests /tmp/tdt/ && (cd /tmp/tdt && git apply --include='tests/*' $T/token_moe_mma.patch) >> $L 2>&1
 x=; python3 -c "import xdist" 2>/dev/null && x="-n 8"
+units() { echo "import te_async.token_ffn as tf; tf.plan_tokens = lambda *a: tf.Split($1, 1); "; }  # a forced plan, for PRE
 if [ "${SHORT:-0}" = 1 ]; then  # a short call (under 4 minutes): the kernel tests, then B=8 against main
   gpu_tests mma $R/tests_mma.log 60 $x /tmp/tdt/tests/test_token_moe.py /tmp/tdt/tests/test_token_ffn.py /tmp/tdt/tests/test_dense.py
   gen mma ds8_mma deepseek-v2-lite 8 --no-profile; gen main ds8_main deepseek-v2-lite 8 --no-profile
@@ -35,10 +36,10 @@ gen mma ds4_mma deepseek-v2-lite 4 --no-profile
 gen main ds4_main deepseek-v2-lite 4 --no-profile
 gen mma ds1_mma deepseek-v2-lite 1 --no-profile
 gen main ds1_main deepseek-v2-lite 1 --no-profile
-PRE="import te_async.token_ffn as tf; tf.plan_tokens = lambda *a: tf.Split(64, 1); " gen mma ds8_u64 deepseek-v2-lite 8 --no-profile
+PRE=$(units 64) gen mma ds8_u64 deepseek-v2-lite 8 --no-profile
 gen allmma ds8_allmma deepseek-v2-lite 8 --no-profile
 gen allmma qw8_allmma qwen3-30b-a3b 8 --no-profile
 for u in 32 64; do  # Qwen3's plan: 40 units, fc1's 10 vectors a row a tile of 8 and one of 2
-  PRE="import te_async.token_ffn as tf; tf.plan_tokens = lambda *a: tf.Split($u, 1); " gen mma qw8_u$u qwen3-30b-a3b 8 --no-profile
+  PRE=$(units $u) gen mma qw8_u$u qwen3-30b-a3b 8 --no-profile
 done
 pack
